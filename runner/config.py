@@ -305,6 +305,11 @@ def validate(cfg: Any) -> None:
                 "warmup.updates", "trainer.valid_max_batches"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)}: expected a value >= 0")
+    if trainer.save_interval % trainer.log_interval:
+        raise ConfigError(
+            f"trainer.save_interval={trainer.save_interval} must be a multiple of "
+            f"trainer.log_interval={trainer.log_interval} (checkpoints close a log window, so a "
+            "resumed run logs exactly what an uninterrupted one does)")
     if cfg.schedule.min_lr < 0:
         raise ConfigError(
             f"schedule.min_lr={cfg.schedule.min_lr}: expected >= 0 (a negative min_lr makes the "

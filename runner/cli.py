@@ -1,0 +1,161 @@
+"""The `deepinit` command: a thin dispatcher, no ML logic.
+
+    deepinit train [overrides]      one run (Hydra); `deepinit [overrides]` is the same
+    deepinit -m [overrides]         a sweep (Hydra multirun; launchers in conf/hydra/launcher)
+    deepinit eval RUN_DIR ...       decode and score a finished run
+    deepinit report SWEEP_DIR       tables and plots of a sweep
+    deepinit analyze WHAT ...       the papers' diagnostic figures
+    deepinit data prepare NAME ...  prepare a corpus
+    deepinit bench ...              throughput benchmark
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import sys
+import traceback
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from runner.config import ConfigError, register_schemas
+
+# Flags that are not overrides and take no value / one value (Hydra's own argv).
+_FLAGS_NO_VALUE = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--version", "--resolve",
+                   "--run", "-r", "--shell-completion", "-sc"}
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
+                     "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+# Overrides that do not change a run's result stay out of folder names (see conf/train.yaml).
+_NAME_EXCLUDED = ("hydra.", "hydra/", "trainer.progress=", "trainer.device=", "trainer.threads=",
+                  "trainer.resume=", "trainer.tensorboard=")
+
+_task_started = False
+
+
+def config_dir() -> str:
+    """conf/ inside an installed wheel (runner/conf), else the checkout's top-level conf/."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "train.yaml").is_file():
+            return str(candidate)
+    raise SystemExit("deepinit: cannot find its conf/ folder (broken install?)")
+
+
+def _overrides(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in _FLAGS_WITH_VALUE:
+            skip = True
+            continue
+        if arg.startswith("-"):
+            continue
+        out.append(arg)
+    return out
+
+
+def folder_name(overrides: list[str], default: str) -> str:
+    """A run/sweep folder named by its overrides (architecture.md: never by a timestamp)."""
+    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(_NAME_EXCLUDED))
+    name = ",".join(o.lstrip("+") for o in kept) or default
+    name = re.sub(r"[^A-Za-z0-9_.,=+\-@:\[\]]", "_", name)
+    if len(name) > 180:  # file names are limited to 255 bytes
+        name = name[:150] + "-" + hashlib.sha1(name.encode()).hexdigest()[:12]
+    return name
+
+
+def with_output_dirs(args: list[str]) -> list[str]:
+    overrides = _overrides(args)
+    multirun = "-m" in args or "--multirun" in args
+    given = {o.split("=", 1)[0] for o in overrides}
+    extra = []
+    if multirun and "hydra.sweep.dir" not in given:
+        extra.append(f"hydra.sweep.dir=outputs/multirun/{folder_name(overrides, 'default')}")
+    if not multirun and "hydra.run.dir" not in given:
+        extra.append(f"hydra.run.dir=outputs/runs/{folder_name(overrides, 'default')}")
+    return args + extra
+
+
+def run_task(cfg: DictConfig) -> None:
+    """The Hydra task: one training run in Hydra's output dir (pickled by submitit launchers)."""
+    global _task_started
+    _task_started = True
+    from hydra.core.hydra_config import HydraConfig
+
+    from runner.train import train, write_json
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode.name == "MULTIRUN"
+    try:
+        result = train(cfg, run_dir)
+    except ConfigError as err:
+        # A user error: one line, exit 2, and nothing left in the run folder but train.log.
+        logging.getLogger("deepinit.file").error("config error: %s", err)
+        _remove_hydra_files(run_dir)
+        sys.stderr.write(f"deepinit: error: {err}\n")
+        raise SystemExit(2)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # a crash: recorded as failed, the sweep goes on
+        logging.getLogger("deepinit.file").error("run failed:\n%s", traceback.format_exc())
+        write_json(run_dir / "result.json", {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"})
+        if not multirun:
+            sys.stderr.write(f"deepinit: run failed: {type(exc).__name__}: {exc} (traceback in {run_dir / 'train.log'})\n")
+            raise SystemExit(1)
+        return None
+    return None
+
+
+def _remove_hydra_files(run_dir: Path) -> None:
+    import shutil
+
+    shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
+
+
+def _run_hydra(args: list[str]) -> None:
+    register_schemas()
+    sys.argv = [sys.argv[0], *with_output_dirs(args)]
+    try:
+        # config_path is resolved at call time so editable installs and wheels both work.
+        hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")(run_task)()
+    except SystemExit as exit_:
+        # Hydra reports composition errors (unknown key, wrong type) and exits 1 before any
+        # task starts: those are user errors, exit code 2.
+        if exit_.code == 1 and not _task_started:
+            raise SystemExit(2)
+        raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    verb = args[0] if args else ""
+    if verb == "train":
+        args = args[1:]
+    elif verb in VERBS:
+        raise SystemExit(VERBS[verb](args[1:]))
+    _run_hydra(args)
+
+
+def _lazy(module: str, function: str):
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        return importlib.import_module(module).__getattribute__(function)(argv)
+    return run
+
+
+VERBS = {
+    "eval": _lazy("runner.evaluate", "main_eval"),
+    "report": _lazy("runner.sweep.report", "main_report"),
+    "analyze": _lazy("runner.analysis", "main_analyze"),
+    "data": _lazy("runner.data.prepare", "main_data"),
+    "bench": _lazy("runner.bench", "main_bench"),
+}
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Building blocks shared by the schemes: the baseline fill and selection by role."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from runner.model.sublayer import Sublayer
+
+# fairseq's separate q/k/v carry gain 1/sqrt(2) so that the fused (3d x d) Xavier bound
+# sqrt(6/(4d)) is kept per matrix (methods 1.4, TFX/CLN column).
+QKV_GAIN = 1 / math.sqrt(2)
+
+
+def attention_projections(module: Sublayer) -> dict[str, nn.Linear]:
+    attn = module.branch
+    return {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj, "out": attn.out_proj}
+
+
+@torch.no_grad()
+def init_embedding(weight: torch.Tensor, dim: int, pad_index: int) -> None:
+    """N(0, d^-1/2) with the padding row zero (fairseq's Embedding helper, methods 1.3)."""
+    nn.init.normal_(weight, mean=0.0, std=dim ** -0.5)
+    weight[pad_index].zero_()
+
+
+@torch.no_grad()
+def reset_norms_and_scales(model) -> None:
+    for _, norm in model.norms():
+        nn.init.ones_(norm.weight)
+        if getattr(norm, "bias", None) is not None:
+            nn.init.zeros_(norm.bias)
+    for ref in model.sublayers():
+        ref.module.omega.fill_(1.0)
+        ref.alpha.fill_(1.0)
+
+
+@torch.no_grad()
+def fairseq_xavier(model, cfg) -> None:
+    """The forks' "default Xavier" (methods 1.4, TFX/CLN column): q/k/v Xavier-uniform with
+    gain 1/sqrt(2), out/fc1/fc2 gain 1, zero biases (q/k/v biases per model.qkv_bias_init),
+    norms 1/0, embeddings N(0, d^-1/2), residual scales 1.
+
+    Under the NTK parameterization the projection weights are N(0, 1) instead: the
+    1/sqrt(fan_in) lives in the forward pass (seed 004). With T5-style attention the q/k
+    variance is further divided by head_dim, replacing the 1/sqrt(d) removed from the logits.
+    """
+    mcfg = model.cfg
+    ntk = mcfg.parameterization == "ntk"
+    head_dim = mcfg.dim // mcfg.heads
+    for ref in model.sublayers():
+        if ref.kind == "ffn":
+            linears = {"fc1": (ref.module.branch.fc1, 1.0), "fc2": (ref.module.branch.fc2, 1.0)}
+        else:
+            proj = attention_projections(ref.module)
+            linears = {"q": (proj["q"], QKV_GAIN), "k": (proj["k"], QKV_GAIN),
+                       "v": (proj["v"], QKV_GAIN), "out": (proj["out"], 1.0)}
+        for role, (linear, gain) in linears.items():
+            if ntk:
+                nn.init.normal_(linear.weight, 0.0, 1.0)
+            else:
+                nn.init.xavier_uniform_(linear.weight, gain=gain)
+            if mcfg.attention == "t5" and role in ("q", "k"):
+                # t5: logits lose their 1/sqrt(head_dim), so q and k each lose head_dim^-1/4 of
+                # std (variance / sqrt(head_dim) each, / head_dim for the product).
+                linear.weight.mul_(head_dim ** -0.25)
+            if role in ("q", "k", "v") and mcfg.qkv_bias_init == "torch_default":
+                bound = 1 / math.sqrt(linear.in_features)
+                nn.init.uniform_(linear.bias, -bound, bound)
+            else:
+                nn.init.zeros_(linear.bias)
+    tables = model.embedding_tables()
+    seen = set()
+    for role, weight in tables.items():
+        if id(weight) in seen:
+            continue
+        seen.add(id(weight))
+        init_embedding(weight, mcfg.dim, model.pad_index)
+    reset_norms_and_scales(model)

@@ -1,0 +1,68 @@
+"""Multi-head attention through torch's scaled_dot_product_attention (flash/efficient kernels
+on CUDA), with separate q/k/v/out projections so init schemes can address each by name."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from runner.model.linear import make_linear
+
+
+class MultiheadAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float, parameterization: str = "standard",
+                 logit_scale: str = "standard", self_attention: bool = True):
+        super().__init__()
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.dropout = dropout
+        self.self_attention = self_attention
+        self.q_proj = make_linear(dim, dim, parameterization)
+        self.k_proj = make_linear(dim, dim, parameterization)
+        self.v_proj = make_linear(dim, dim, parameterization)
+        self.out_proj = make_linear(dim, dim, parameterization)
+        # t5: no 1/sqrt(head_dim) in the logits; the init divides the q/k variance instead
+        # (seed 004, "attention scale"). sdpa takes the scale explicitly.
+        self.scale = 1.0 if logit_scale == "t5" else 1.0 / math.sqrt(self.head_dim)
+        # One matmul for q, k and v of self-attention is faster than three; the weights stay
+        # separate parameters so schemes can set them one by one.
+        self.fuse_qkv = self_attention and type(self.q_proj) is nn.Linear
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape  # (B, T, D) -> (B, H, T, Dh)
+        return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+    def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+
+    def forward(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None,
+                attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                cache: Optional[dict] = None) -> torch.Tensor:
+        """x: (B, Tq, D). memory: (B, Tk, D) for cross-attention, None for self-attention.
+        attn_mask: bool (B, 1, 1 or Tq, Tk), True = attend. cache: incremental decoding state
+        (self-attention appends this step's k/v; cross-attention computes k/v once)."""
+        if self.fuse_qkv and cache is None:
+            weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+            bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+            q, k, v = (self._split(t) for t in F.linear(x, weight, bias).chunk(3, dim=-1))
+        else:
+            q = self._split(self.q_proj(x))
+            if cache is None:
+                k, v = self.project_kv(x if memory is None else memory)
+            elif memory is None:  # incremental self-attention: append this step
+                k, v = self.project_kv(x)
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+            else:  # cross-attention: encoder keys/values once per sentence
+                if "k" not in cache:
+                    cache["k"], cache["v"] = self.project_kv(memory)
+                k, v = cache["k"], cache["v"]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal, scale=self.scale)
+        b, h, t, dh = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, h * dh))

@@ -1,0 +1,36 @@
+"""Token embeddings scaled by sqrt(d) plus fairseq's sinusoidal positions (methods 1.3)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
+    """fairseq SinusoidalPositionalEmbedding layout: [sin | cos] halves, not interleaved."""
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000.0) / (half - 1)))
+    angles = torch.arange(num_positions, dtype=torch.float)[:, None] * freq[None, :]
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    if dim % 2:
+        table = torch.cat([table, torch.zeros(num_positions, 1)], dim=1)
+    return table
+
+
+class Embedder(nn.Module):
+    """sqrt(d) * E[token] + PE(position), then dropout. The token table may be shared."""
+
+    def __init__(self, tokens: nn.Embedding, max_positions: int, dropout: float, scale: bool):
+        super().__init__()
+        self.tokens = tokens
+        dim = tokens.embedding_dim
+        self.scale = math.sqrt(dim) if scale else 1.0
+        # Positions are a fixed function, not a parameter: kept out of the state_dict.
+        self.register_buffer("positions", sinusoidal_table(max_positions, dim), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """tokens: (B, T); `start` is the first position (incremental decoding)."""
+        x = self.tokens(tokens) * self.scale
+        return self.dropout(x + self.positions[start:start + tokens.shape[1]])

@@ -1,0 +1,24 @@
+"""Projection layers for both parameterizations (model.parameterization)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class NTKLinear(nn.Linear):
+    """NTK parameterization (seed 004): unit-variance weights, output scaled by 1/sqrt(fan_in),
+    so the forward scale no longer lives in the init."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__(in_features, out_features, bias=bias)
+        self.output_scale = 1.0 / math.sqrt(in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight * self.output_scale, self.bias)
+
+
+def make_linear(in_features: int, out_features: int, parameterization: str, bias: bool = True) -> nn.Linear:
+    cls = NTKLinear if parameterization == "ntk" else nn.Linear
+    return cls(in_features, out_features, bias=bias)

@@ -1,0 +1,182 @@
+"""The fairseq-style encoder-decoder Transformer (methods 1) with norm slots and residual scales
+that every placement and init scheme shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+from runner.config import ModelConfig, NormConfig
+from runner.model.attention import MultiheadAttention
+from runner.model.embedding import Embedder
+from runner.model.ffn import FeedForward
+from runner.model.norms import make_norm
+from runner.model.sublayer import PLACEMENTS, ResidualSpec, Slots, Sublayer
+
+
+@dataclass
+class SublayerRef:
+    """A typed handle on one residual branch, for init schemes and analysis hooks."""
+
+    side: str  # encoder | decoder
+    layer: int  # 0-based index within its stack
+    kind: str  # self_attn | cross_attn | ffn
+    module: Sublayer  # .branch is MultiheadAttention (q/k/v/out_proj) or FeedForward (fc1/fc2)
+    alpha: nn.Parameter  # the layer's branch scale, shared by its sublayers
+
+    @property
+    def name(self) -> str:
+        return f"{self.side}.{self.layer}.{self.kind}"
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, make_sublayer, residual: ResidualSpec):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1), requires_grad=residual.alpha_trainable)
+        self.self_attn = make_sublayer(MultiheadAttention(
+            cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention))
+        self.ffn = make_sublayer(FeedForward(cfg.dim, cfg.ffn_dim, cfg.activation,
+                                             cfg.activation_dropout, cfg.parameterization))
+
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        x = self.self_attn(x, self.alpha, attn_mask=pad_mask)
+        return self.ffn(x, self.alpha)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, make_sublayer, residual: ResidualSpec):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1), requires_grad=residual.alpha_trainable)
+        self.self_attn = make_sublayer(MultiheadAttention(
+            cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention))
+        self.cross_attn = make_sublayer(MultiheadAttention(
+            cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention,
+            self_attention=False))
+        self.ffn = make_sublayer(FeedForward(cfg.dim, cfg.ffn_dim, cfg.activation,
+                                             cfg.activation_dropout, cfg.parameterization))
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: Optional[torch.Tensor],
+                cache: Optional[dict] = None) -> torch.Tensor:
+        # Training: causal mask only. Targets are right-padded, so a real token never sees a pad
+        # key, and sdpa can use its flash kernel. Incremental decoding: one query, no mask.
+        x = self.self_attn(x, self.alpha, is_causal=cache is None,
+                           cache=None if cache is None else cache.setdefault("self", {}))
+        x = self.cross_attn(x, self.alpha, memory=memory, attn_mask=memory_mask,
+                            cache=None if cache is None else cache.setdefault("cross", {}))
+        return self.ffn(x, self.alpha)
+
+
+class Stack(nn.Module):
+    """Embedding -> optional embedding norm -> layers -> optional final norm."""
+
+    def __init__(self, embedder: Embedder, layers: list[nn.Module], dim: int, slots: Slots,
+                 norm: NormConfig, checkpointing: bool):
+        super().__init__()
+        self.embedder = embedder
+        self.embedding_norm = make_norm(norm.kind, dim, norm.eps) if norm.embedding_norm else nn.Identity()
+        self.layers = nn.ModuleList(layers)
+        final = slots.final_norm if norm.final_norm is None else norm.final_norm
+        self.final_norm = make_norm(norm.kind, dim, norm.eps) if final else nn.Identity()
+        self.checkpointing = checkpointing
+
+    def run_layer(self, layer: nn.Module, *args):
+        if self.checkpointing and self.training:
+            return checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, cfg: ModelConfig, norm: NormConfig, src_vocab: int, tgt_vocab: int,
+                 pad_index: int, residual: ResidualSpec = ResidualSpec()):
+        super().__init__()
+        self.cfg, self.norm_cfg, self.pad_index = cfg, norm, pad_index
+        slots = PLACEMENTS[norm.placement]
+
+        def make_sublayer(branch: nn.Module) -> Sublayer:
+            return Sublayer(branch, cfg.dim, slots, norm.kind, norm.eps, cfg.dropout, residual)
+
+        src_embed = nn.Embedding(src_vocab, cfg.dim, padding_idx=pad_index)
+        if cfg.share_embeddings == "all":
+            if src_vocab != tgt_vocab:
+                raise ValueError("share_embeddings=all needs one joined vocabulary")
+            tgt_embed = src_embed
+        else:
+            tgt_embed = nn.Embedding(tgt_vocab, cfg.dim, padding_idx=pad_index)
+        self.encoder = Stack(
+            Embedder(src_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale),
+            [EncoderLayer(cfg, make_sublayer, residual) for _ in range(cfg.num_encoder_layers)],
+            cfg.dim, slots, norm, cfg.activation_checkpointing)
+        self.decoder = Stack(
+            Embedder(tgt_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale),
+            [DecoderLayer(cfg, make_sublayer, residual) for _ in range(cfg.num_decoder_layers)],
+            cfg.dim, slots, norm, cfg.activation_checkpointing)
+        # Output projection: tied to the decoder embedding unless share_embeddings=none.
+        self.output_weight = (nn.Parameter(torch.empty(tgt_vocab, cfg.dim))
+                              if cfg.share_embeddings == "none" else None)
+
+    # ----- typed surface for init schemes and analysis (architecture principle 2) -----
+    def sublayers(self) -> Iterator[SublayerRef]:
+        """Every residual branch in forward order: encoder layers, then decoder layers."""
+        for i, layer in enumerate(self.encoder.layers):
+            yield SublayerRef("encoder", i, "self_attn", layer.self_attn, layer.alpha)
+            yield SublayerRef("encoder", i, "ffn", layer.ffn, layer.alpha)
+        for i, layer in enumerate(self.decoder.layers):
+            yield SublayerRef("decoder", i, "self_attn", layer.self_attn, layer.alpha)
+            yield SublayerRef("decoder", i, "cross_attn", layer.cross_attn, layer.alpha)
+            yield SublayerRef("decoder", i, "ffn", layer.ffn, layer.alpha)
+
+    def embedding_tables(self) -> dict[str, nn.Parameter]:
+        """Token tables by role; tied roles are the same Parameter object."""
+        return {
+            "encoder": self.encoder.embedder.tokens.weight,
+            "decoder": self.decoder.embedder.tokens.weight,
+            "output": self.output_projection_weight,
+        }
+
+    @property
+    def output_projection_weight(self) -> torch.Tensor:
+        return self.decoder.embedder.tokens.weight if self.output_weight is None else self.output_weight
+
+    def norms(self) -> Iterator[tuple[str, nn.Module]]:
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.LayerNorm,)) or type(module).__name__ == "RMSNorm":
+                yield name, module
+
+    # ----- computation -----
+    def encode(self, src_tokens: torch.Tensor, src_has_pad: bool = True):
+        """src_tokens: (B, S), right-padded. Returns memory (B, S, D) and the key mask
+        (B, 1, 1, S), True where a real token is (None when the batch has no padding)."""
+        mask = (src_tokens != self.pad_index)[:, None, None, :] if src_has_pad else None
+        x = self.encoder.embedding_norm(self.encoder.embedder(src_tokens))
+        for layer in self.encoder.layers:
+            x = self.encoder.run_layer(layer, x, mask)
+        return self.encoder.final_norm(x), mask
+
+    def decode(self, prev_tokens: torch.Tensor, memory: torch.Tensor,
+               memory_mask: Optional[torch.Tensor], caches: Optional[list[dict]] = None,
+               start: int = 0) -> torch.Tensor:
+        """prev_tokens: (B, T) decoder input (eos-shifted target). Returns logits (B, T, V).
+        With `caches` (one dict per layer) only the new positions are fed (from `start`)."""
+        x = self.decoder.embedding_norm(self.decoder.embedder(prev_tokens, start))
+        for i, layer in enumerate(self.decoder.layers):
+            if caches is None:
+                x = self.decoder.run_layer(layer, x, memory, memory_mask)
+            else:
+                x = layer(x, memory, memory_mask, caches[i])
+        return F.linear(self.decoder.final_norm(x), self.output_projection_weight)
+
+    def forward(self, src_tokens: torch.Tensor, prev_tokens: torch.Tensor,
+                src_has_pad: bool = True) -> torch.Tensor:
+        memory, mask = self.encode(src_tokens, src_has_pad)
+        return self.decode(prev_tokens, memory, mask)
+
+
+def build_model(cfg, src_vocab: int, tgt_vocab: int, pad_index: int) -> Seq2Seq:
+    """Build from the full config: the init scheme decides which residual scales train."""
+    from runner.init import residual_spec
+
+    return Seq2Seq(cfg.model, cfg.norm, src_vocab, tgt_vocab, pad_index, residual_spec(cfg))

@@ -1,0 +1,92 @@
+"""Optimizers of methods 9: fairseq adam (AdamW-style), the RAdam variants, SGD."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.optim import Optimizer
+
+
+def rectification(step: int, beta2: float) -> tuple[float, float]:
+    """(rho_t, r_t) of RAdam (methods 9.2); r_t is 0 where rho_t <= 4 (undefined)."""
+    rho_inf = 2.0 / (1.0 - beta2) - 1.0
+    beta2_t = beta2 ** step
+    rho_t = rho_inf - 2.0 * step * beta2_t / (1.0 - beta2_t)
+    if rho_t <= 4.0:
+        return rho_t, 0.0
+    r_t = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+    return rho_t, r_t
+
+
+class RAdam(Optimizer):
+    """RAdam with decoupled weight decay applied every step, as the reference forks do.
+
+    mode="admin" (CLN radam_fairseq/radam.py): while rho_t < 5 no gradient update is made, only
+    the weight decay. mode="sgd_fallback" (RAD nmt/my_module/radam.py, TFX): while rho_t < 5 an
+    SGD-momentum step p -= lr * m_t / (1 - beta1^t). Once rho_t >= 5:
+    p -= lr * r_t * m_t/(1 - beta1^t) * sqrt(1 - beta2^t) / (sqrt(v_t) + eps).
+    """
+
+    def __init__(self, params, lr: float, betas: tuple[float, float], eps: float,
+                 weight_decay: float, mode: str):
+        if mode not in ("admin", "sgd_fallback"):
+            raise ValueError(f"RAdam mode {mode!r}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.mode = mode
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = state["step"]
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                grad = p.grad.float() if p.dtype != torch.float32 else p.grad
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                if wd != 0:
+                    p.mul_(1 - lr * wd)
+                rho_t, r_t = rectification(t, beta2)
+                bias1 = 1 - beta1 ** t
+                if rho_t >= 5:
+                    step_size = lr * r_t * math.sqrt(1 - beta2 ** t) / bias1
+                    p.addcdiv_(m, v.sqrt().add_(eps), value=-step_size)
+                elif self.mode == "sgd_fallback":
+                    p.add_(m, alpha=-lr / bias1)
+        return loss
+
+
+def build_optimizer(params, cfg, device_type: str) -> Optimizer:
+    o = cfg.optim
+    params = [p for p in params if p.requires_grad]
+    fused = (device_type == "cuda") if o.fused is None else o.fused
+    betas = (o.beta1, o.beta2)
+    if o.name == "adam":
+        # fairseq's adam decays decoupled, p <- p - lr*wd*p: exactly AdamW (methods 9.1).
+        return torch.optim.AdamW(params, lr=o.lr, betas=betas, eps=o.eps,
+                                 weight_decay=o.weight_decay, fused=fused or None)
+    if o.name == "radam":
+        if o.radam_mode == "torch":
+            return torch.optim.RAdam(params, lr=o.lr, betas=betas, eps=o.eps,
+                                     weight_decay=o.weight_decay, decoupled_weight_decay=True)
+        return RAdam(params, lr=o.lr, betas=betas, eps=o.eps, weight_decay=o.weight_decay,
+                     mode=o.radam_mode)
+    if o.name == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
+                               fused=fused or None)
+    raise ValueError(f"unknown optimizer {o.name!r}")
+
+
+def set_lr(optimizer: Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,29 @@
+"""Learning rate as a pure function of the update count (methods 10, fairseq semantics:
+the lr used for update k+1 is lr_at(k))."""
+from __future__ import annotations
+
+import math
+
+
+def lr_at(step: int, cfg) -> float:
+    """cfg: the full config (optim.lr, warmup.*, schedule.*, trainer.max_updates)."""
+    peak = cfg.optim.lr
+    warmup, init_lr = cfg.warmup.updates, cfg.warmup.init_lr
+    if step < warmup:
+        return init_lr + step * (peak - init_lr) / warmup
+    name = cfg.schedule.name
+    if name == "constant":
+        return peak
+    if name == "inverse_sqrt":
+        if warmup > 0:
+            return peak * math.sqrt(warmup / step)
+        # T-Fixup's inverse_sqrt_nowarmup (TFX): lr(D) = lr/sqrt(2), lr(3D) = lr/2.
+        decay = cfg.schedule.decay_period
+        return peak * math.sqrt(decay / (decay + step))
+    if name == "linear":
+        # Linear decay from peak at the end of warmup to min_lr at max_updates (CLN/RAD
+        # linear_schedule.py; warmup.updates=1 + init_lr=1e-7 reproduces the recipe exactly).
+        total, min_lr = cfg.trainer.max_updates, cfg.schedule.min_lr
+        span = max(total - warmup, 1)
+        return (peak - min_lr) * max(0.0, 1.0 - (step - warmup) / span) + min_lr
+    raise ValueError(f"unknown schedule {name!r}")
