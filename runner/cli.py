@@ -74,9 +74,9 @@ def with_output_dirs(args: list[str]) -> list[str]:
     given = {o.split("=", 1)[0] for o in overrides}
     extra = []
     if multirun and "hydra.sweep.dir" not in given:
-        extra.append(f"hydra.sweep.dir=outputs/multirun/{folder_name(overrides, 'default')}")
+        extra.append(f"hydra.sweep.dir='outputs/multirun/{folder_name(overrides, 'default')}'")
     if not multirun and "hydra.run.dir" not in given:
-        extra.append(f"hydra.run.dir=outputs/runs/{folder_name(overrides, 'default')}")
+        extra.append(f"hydra.run.dir='outputs/runs/{folder_name(overrides, 'default')}'")
     return args + extra
 
 

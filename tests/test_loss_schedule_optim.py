@@ -1,0 +1,135 @@
+"""The criterion, the schedules and the RAdam variants against hand computations."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import compose
+from runner.loss import label_smoothed_nll
+from runner.optim import RAdam, build_optimizer
+from runner.schedule import lr_at
+
+
+def test_label_smoothed_loss_by_hand():
+    logits = torch.tensor([[[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 0.3, 0.4]]])
+    target = torch.tensor([[0, 1]])  # second token is padding (pad index 1)
+    eps, pad = 0.1, 1
+    p = [math.exp(v) for v in (2.0, 0.5, -1.0, 0.0)]
+    z = sum(p)
+    logp = [math.log(v / z) for v in p]
+    nll = -logp[0]
+    smooth = -sum(logp)
+    want = (1 - eps) * nll + eps / 4 * smooth  # TFX/CLN form, eps / V (methods 1.5)
+    loss, got_nll = label_smoothed_nll(logits, target, eps, pad)
+    assert loss.item() == pytest.approx(want, rel=1e-6)
+    assert got_nll.item() == pytest.approx(nll, rel=1e-6)
+
+
+def cfg_for(overrides):
+    return compose(overrides)
+
+
+def test_inverse_sqrt_with_warmup():
+    cfg = cfg_for(["optim.lr=5e-4", "warmup.updates=4000", "warmup.init_lr=1e-7",
+                   "trainer.max_updates=100000"])
+    assert lr_at(0, cfg) == pytest.approx(1e-7)
+    assert lr_at(2000, cfg) == pytest.approx(1e-7 + 2000 * (5e-4 - 1e-7) / 4000)
+    assert lr_at(4000, cfg) == pytest.approx(5e-4)
+    assert lr_at(16000, cfg) == pytest.approx(5e-4 * math.sqrt(4000 / 16000))
+
+
+def test_tfixup_inverse_sqrt_without_warmup():
+    cfg = cfg_for(["optim.lr=5e-4", "warmup=none", "schedule.decay_period=4000",
+                   "trainer.max_updates=100000"])
+    assert lr_at(0, cfg) == pytest.approx(5e-4)  # the first update uses the full lr
+    assert lr_at(4000, cfg) == pytest.approx(5e-4 / math.sqrt(2))
+    assert lr_at(12000, cfg) == pytest.approx(5e-4 / 2)
+
+
+def test_linear_no_warmup_admin_recipe():
+    # methods 4.5: update 0 at 1e-7, then (LR - min)(1 - (t-1)/(T-1)) + min
+    cfg = cfg_for(["optim.lr=3e-4", "schedule=linear", "schedule.min_lr=0", "warmup.updates=1",
+                   "warmup.init_lr=1e-7", "trainer.max_updates=1000"])
+    assert lr_at(0, cfg) == pytest.approx(1e-7)
+    assert lr_at(1, cfg) == pytest.approx(3e-4)
+    assert lr_at(500, cfg) == pytest.approx(3e-4 * (1 - 499 / 999))
+    assert lr_at(1000, cfg) == pytest.approx(0.0, abs=1e-12)
+    cfg = cfg_for(["optim.lr=3e-4", "schedule=linear", "schedule.min_lr=1e-5", "warmup=none",
+                   "trainer.max_updates=100"])
+    assert lr_at(0, cfg) == pytest.approx(3e-4)
+    assert lr_at(50, cfg) == pytest.approx((3e-4 - 1e-5) * 0.5 + 1e-5)
+    assert min(lr_at(t, cfg) for t in range(101)) >= 1e-5
+
+
+def test_constant():
+    cfg = cfg_for(["schedule=constant", "optim.lr=1e-3", "warmup.updates=10", "trainer.max_updates=100"])
+    assert lr_at(5, cfg) == pytest.approx(5e-4)
+    assert lr_at(99, cfg) == pytest.approx(1e-3)
+
+
+def rho(t, beta2):
+    rho_inf = 2 / (1 - beta2) - 1
+    return rho_inf - 2 * t * beta2 ** t / (1 - beta2 ** t)
+
+
+def test_rho_first_reaches_5_at_step_6():
+    for beta2 in (0.98, 0.99, 0.995, 0.999):
+        assert [t for t in range(1, 20) if rho(t, beta2) >= 5][0] == 6
+
+
+def radam_trajectory(mode, steps=7, lr=0.1, wd=0.01, beta1=0.9, beta2=0.99, eps=1e-8):
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5))
+    grads = [torch.randn(5) for _ in range(steps)]
+    opt = RAdam([p], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd, mode=mode)
+    start = p.detach().clone()
+    out = []
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+        out.append(p.detach().clone())
+    return start, grads, out
+
+
+def expected_radam(start, grads, mode, lr=0.1, wd=0.01, beta1=0.9, beta2=0.99, eps=1e-8):
+    p, m, v, out = start.clone(), torch.zeros(5), torch.zeros(5), []
+    rho_inf = 2 / (1 - beta2) - 1
+    for t, g in enumerate(grads, start=1):
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        p = p * (1 - lr * wd)  # decoupled decay, every step
+        r = rho(t, beta2)
+        if r >= 5:
+            rt = math.sqrt((r - 4) * (r - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * r))
+            p = p - lr * rt * (m / (1 - beta1 ** t)) * math.sqrt(1 - beta2 ** t) / (v.sqrt() + eps)
+        elif mode == "sgd_fallback":
+            p = p - lr * m / (1 - beta1 ** t)
+        out.append(p.clone())
+    return out
+
+
+@pytest.mark.parametrize("mode", ["admin", "sgd_fallback"])
+def test_radam_variants_first_updates(mode):
+    start, grads, got = radam_trajectory(mode)
+    want = expected_radam(start, grads, mode)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    if mode == "admin":  # steps 1-5 only decay the weights (methods 9.2)
+        torch.testing.assert_close(got[4], start * (1 - 0.1 * 0.01) ** 5)
+
+
+def test_torch_radam_mode_and_adam_decoupled_decay():
+    cfg = compose(["optim=radam", "optim.radam_mode=torch", "optim.weight_decay=0.1"])
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = build_optimizer([p], cfg, "cpu")
+    assert isinstance(opt, torch.optim.RAdam) and opt.defaults["decoupled_weight_decay"]
+    cfg = compose(["optim=adam", "optim.weight_decay=0.1", "optim.lr=0.5"])
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = build_optimizer([p], cfg, "cpu")
+    p.grad = torch.zeros(3)
+    opt.step()  # zero gradient: only the decoupled decay p <- p - lr*wd*p moves the weight
+    torch.testing.assert_close(p.detach(), torch.full((3,), 1 - 0.5 * 0.1))
+    cfg = compose(["optim=sgd", "optim.momentum=0.9"])
+    assert isinstance(build_optimizer([torch.nn.Parameter(torch.ones(1))], cfg, "cpu"), torch.optim.SGD)

@@ -1,0 +1,145 @@
+"""The model: every placement runs, the slot table holds, the state_dict is placement-stable."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from conftest import compose
+from runner import init as init_schemes
+from runner.data.batching import collate, make_batches
+from runner.data.toy import build
+from runner.model.seq2seq import build_model
+from runner.model.sublayer import PLACEMENTS
+
+
+def small_batch(cfg):
+    data = build(cfg.data)
+    split = data.splits["train"]
+    indices = make_batches(split, 256, seed=0)[0]
+    return data, collate(split, indices, data.tgt_dict.pad_index, data.tgt_dict.eos_index)
+
+
+def model_for(overrides):
+    cfg = compose(["model=ci", "data.toy.train_size=200", "data.toy.valid_size=20",
+                   "data.toy.test_size=20", *overrides])
+    data, batch = small_batch(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, len(data.src_dict), len(data.tgt_dict), data.tgt_dict.pad_index)
+    init_schemes.apply(model, cfg, batch)
+    return cfg, model, batch
+
+
+@pytest.mark.parametrize("placement, kind", list(itertools.product(
+    ["post", "pre", "none", "sandwich"], ["layernorm", "rmsnorm"])))
+def test_forward_backward_finite_for_every_placement(placement, kind):
+    _, model, batch = model_for([f"norm={placement}", f"norm.kind={kind}"])
+    logits = model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
+    assert logits.shape == (*batch.target.shape, model.output_projection_weight.shape[0])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.target.flatten(),
+                                             ignore_index=model.pad_index)
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def count_norms(module):
+    return sum(1 for m in module.modules() if isinstance(m, torch.nn.LayerNorm))
+
+
+def test_placement_table():
+    # Pre-LN: a norm before each branch plus a final norm per stack; Post-LN: one after each
+    # residual add and no final norm; none: no norm at all (methods 1.2).
+    _, post, _ = model_for(["norm=post"])
+    _, pre, _ = model_for(["norm=pre"])
+    _, none, _ = model_for(["norm=none"])
+    _, sandwich, _ = model_for(["norm=sandwich"])
+    n_sublayers = 2 * 2 + 2 * 3  # ci: 2 encoder layers x 2 + 2 decoder layers x 3
+    assert count_norms(post) == n_sublayers
+    assert isinstance(post.encoder.final_norm, torch.nn.Identity)
+    assert count_norms(pre) == n_sublayers + 2
+    assert isinstance(pre.encoder.final_norm, torch.nn.LayerNorm)
+    assert isinstance(pre.decoder.final_norm, torch.nn.LayerNorm)
+    assert count_norms(none) == 0
+    assert count_norms(sandwich) == 2 * n_sublayers + 2
+    for ref in post.sublayers():
+        assert isinstance(ref.module.post_norm, torch.nn.LayerNorm)
+        assert isinstance(ref.module.pre_norm, torch.nn.Identity)
+    for ref in pre.sublayers():
+        assert isinstance(ref.module.pre_norm, torch.nn.LayerNorm)
+        assert isinstance(ref.module.post_norm, torch.nn.Identity)
+    assert set(PLACEMENTS) == {"post", "pre", "none", "sandwich"}
+
+
+def test_pre_ln_equals_the_formula():
+    """x <- x + Dropout(F(LN(x))) for Pre-LN, x <- LN(x + F(x)) for Post-LN (dropout off)."""
+    for placement in ("pre", "post"):
+        _, model, batch = model_for([f"norm={placement}"])
+        model.eval()
+        ref = next(model.sublayers())
+        x = torch.randn(3, 5, model.cfg.dim)
+        sub = ref.module
+        ln = sub.pre_norm if placement == "pre" else sub.post_norm
+        got = sub(x, ref.alpha)
+        if placement == "pre":
+            want = x + sub.branch(ln(x))
+        else:
+            want = ln(x + sub.branch(x))
+        torch.testing.assert_close(got, want)
+
+
+def test_state_dict_keys_do_not_depend_on_residual_trainability():
+    from runner.model.seq2seq import Seq2Seq
+    from runner.model.sublayer import ResidualSpec
+
+    cfg = compose(["model=ci"])
+    a = Seq2Seq(cfg.model, cfg.norm, 50, 50, 1, ResidualSpec())
+    b = Seq2Seq(cfg.model, cfg.norm, 50, 50, 1, ResidualSpec(omega_trainable=True, alpha_trainable=True))
+    assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in b.state_dict().items()}
+    assert not any(p.requires_grad for n, p in a.named_parameters() if n.endswith(("omega", "alpha")))
+    assert all(p.requires_grad for n, p in b.named_parameters() if n.endswith(("omega", "alpha")))
+
+
+@pytest.mark.parametrize("share", ["none", "decoder_io", "all"])
+def test_embedding_sharing(share):
+    _, model, _ = model_for([f"model.share_embeddings={share}"])
+    tables = model.embedding_tables()
+    assert (tables["encoder"] is tables["decoder"]) == (share == "all")
+    assert (tables["decoder"] is tables["output"]) == (share in ("all", "decoder_io"))
+
+
+def test_xavier_baseline_bounds():
+    """methods 1.4: q/k/v gain 1/sqrt(2), out/fc gain 1, zero biases, embeddings N(0, d^-1/2)."""
+    _, model, _ = model_for(["model.dim=64", "model.ffn_dim=256", "model.heads=4"])
+    d, f = 64, 256
+    for ref in model.sublayers():
+        branch = ref.module.branch
+        if ref.kind == "ffn":
+            assert branch.fc1.weight.abs().max() <= math.sqrt(6 / (d + f)) + 1e-7
+            assert branch.fc1.weight.abs().max() > 0.9 * math.sqrt(6 / (d + f))
+            assert branch.fc1.bias.abs().max() == 0
+        else:
+            qkv_bound = math.sqrt(6 / (2 * d)) / math.sqrt(2)
+            for proj in (branch.q_proj, branch.k_proj, branch.v_proj):
+                assert proj.weight.abs().max() <= qkv_bound + 1e-7
+                assert proj.weight.abs().max() > 0.9 * qkv_bound
+                assert proj.bias.abs().max() == 0
+            assert branch.out_proj.weight.abs().max() > 0.9 * math.sqrt(6 / (2 * d)) / 1.0
+    emb = model.embedding_tables()["encoder"]
+    assert emb[model.pad_index].abs().sum() == 0
+    assert abs(emb[4:].std().item() - d ** -0.5) < 0.1 * d ** -0.5
+
+
+def test_incremental_decoding_matches_full_decoding():
+    _, model, batch = model_for(["norm=pre"])
+    model.eval()
+    with torch.no_grad():
+        memory, mask = model.encode(batch.src_tokens, batch.src_has_pad)
+        full = model.decode(batch.prev_tokens, memory, mask)
+        caches = [{} for _ in model.decoder.layers]
+        steps = [model.decode(batch.prev_tokens[:, t:t + 1], memory, mask, caches, start=t)
+                 for t in range(batch.prev_tokens.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-4)
