@@ -58,13 +58,18 @@ def read_lines(path: str | os.PathLike) -> list[str]:
             data = p.read_bytes()
     except (OSError, EOFError, zlib.error) as e:
         raise CorpusError(f"cannot read {p}: {e}") from None
+    return decode_lines(data, str(p))
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """UTF-8 bytes to lines; CorpusError naming `name` and the 1-based line of a bad byte."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line_no = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise CorpusError(f"{p}:{line_no}: not valid UTF-8 (byte 0x{data[e.start]:02x} at byte "
-                          f"column {column})") from None
+        raise CorpusError(f"{name}:{line_no}: not valid UTF-8 (byte 0x{data[e.start]:02x} at "
+                          f"byte column {column})") from None
     if text.startswith("\ufeff"):
         text = text[1:]
     lines = text.split("\n")
