@@ -99,6 +99,18 @@ def read_result(run_dir: Path) -> Optional[dict]:
         return None
 
 
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop lines a killed attempt logged after its last checkpoint, so a resumed run's
+    metrics.jsonl equals an uninterrupted one's."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if line.strip() and json.loads(line)["step"] <= step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
 # ----------------------------------------------------------------------------- data stream
 @dataclass
 class DataPosition:
@@ -274,11 +286,14 @@ class Trainer:
                  f"{n_params:,}", cfg.model.num_encoder_layers, cfg.model.num_decoder_layers,
                  cfg.norm.placement, cfg.init.name, cfg.optim.name, self.data_stats)
 
+        if resumed:
+            truncate_metrics(run_dir / "metrics.jsonl", self.state.step)
         writer = None
         if t.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            writer = SummaryWriter(log_dir=str(run_dir))
+            # purge_step drops events a killed attempt wrote after its last checkpoint.
+            writer = SummaryWriter(log_dir=str(run_dir), purge_step=self.state.step + 1 if resumed else None)
         metrics = open(run_dir / "metrics.jsonl", "a")
         s = self.state
         status, reason, diverged_step = "ok", None, None

@@ -1,0 +1,126 @@
+"""End-to-end behaviour of a run: folder contents, exact resume after SIGKILL, divergence,
+sweeps that skip finished cells."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import DEEPINIT, TINY, compose, run_cli
+from runner.train import train
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_folder_contents(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["train", *TINY, "trainer.tensorboard=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    names = {p.name for p in run_dir.iterdir()}
+    for expected in (".hydra", "train.log", "metrics.jsonl", "checkpoint_last.pt", "env.json",
+                     "result.json", "init.json"):
+        assert expected in names
+    assert any(n.startswith("events.out.tfevents") for n in names)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["updates"] == 20
+    for key in ("train_loss", "valid_loss", "wall_s", "tokens_per_s"):
+        assert isinstance(result[key], float) and result[key] > 0
+    # result.json is written last
+    assert (run_dir / "result.json").stat().st_mtime >= max(
+        (run_dir / n).stat().st_mtime for n in ("metrics.jsonl", "checkpoint_last.pt", "env.json"))
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["torch"] and env["device"] == "cpu" and "git_commit" in env
+    for line in read_metrics(run_dir):
+        assert {"step", "loss", "lr"} <= set(line)
+    assert "summary" in proc.stdout  # the end-of-run summary table
+
+
+def test_default_run_name_comes_from_overrides(tmp_path):
+    proc = run_cli(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    runs = list((tmp_path / "outputs" / "runs").iterdir())
+    assert len(runs) == 1 and "trainer.max_updates=10" in runs[0].name and "model=ci" in runs[0].name
+    again = run_cli(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
+    assert again.returncode == 0 and "already finished" in again.stdout + again.stderr
+
+
+def test_resume_after_sigkill_is_exact(tmp_path):
+    args = [*TINY, "trainer.max_updates=400", "trainer.save_interval=20", "trainer.valid_interval=100",
+            "trainer.log_interval=10", "data.toy.train_size=2000", "model.dropout=0.1"]
+    reference = tmp_path / "reference"
+    proc = run_cli(["train", *args, f"hydra.run.dir={reference}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen([str(DEEPINIT), "train", *args, f"hydra.run.dir={killed}"], cwd=tmp_path,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        metrics = killed / "metrics.jsonl"
+        if (killed / "checkpoint_last.pt").exists() and metrics.exists() and \
+                len(metrics.read_text().splitlines()) >= 6:
+            break
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert not (killed / "result.json").exists(), "the run finished before it could be killed"
+
+    proc = run_cli(["train", *args, f"hydra.run.dir={killed}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in (killed / "train.log").read_text()
+    a = json.loads((reference / "result.json").read_text())
+    b = json.loads((killed / "result.json").read_text())
+    assert b["resumed"] is True
+    for key in ("status", "updates", "train_loss", "valid_loss", "best_valid_loss", "train_tokens"):
+        assert a[key] == b[key], key
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "wall_s")} for r in rows]  # noqa: E731
+    assert strip(read_metrics(reference)) == strip(read_metrics(killed))
+
+
+def tiny_cfg(extra):
+    return compose([*TINY, *extra])
+
+
+def test_divergence_on_nan(tmp_path):
+    cfg = tiny_cfg(["optim=sgd", "optim.lr=1e6", "optim.momentum=0.9", "warmup=none",
+                    "schedule=constant", "trainer.max_updates=100", "trainer.divergence.check_interval=5"])
+    result = train(cfg, tmp_path)
+    assert result["status"] == "diverged"
+    assert "non-finite" in result["reason"]
+    assert result["diverged_step"] < 100 and result["diverged_step"] % 5 == 0
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "diverged"
+
+
+def test_divergence_on_bound(tmp_path):
+    cfg = tiny_cfg(["trainer.divergence.loss_bound=0.5", "trainer.divergence.patience=7",
+                    "trainer.divergence.check_interval=1", "trainer.max_updates=50"])
+    result = train(cfg, tmp_path)
+    assert result["status"] == "diverged"
+    assert result["diverged_step"] == 7  # the loss never drops below 0.5 in 7 updates
+    assert "above 0.5" in result["reason"]
+
+
+def test_multirun_sweep_skips_finished_cells(tmp_path):
+    args = ["-m", "optim.lr=1e-4,5e-4", "norm=post,pre", *TINY, "trainer.max_updates=10"]
+    proc = run_cli(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    sweeps = list((tmp_path / "outputs" / "multirun").iterdir())
+    assert len(sweeps) == 1
+    cells = [p for p in sweeps[0].iterdir() if (p / "result.json").exists()]
+    assert len(cells) == 4
+    assert sum("norm=post" in c.name for c in cells) == sum("norm=pre" in c.name for c in cells) == 2
+    stamps = {c: (c / "result.json").stat().st_mtime for c in cells}
+    (cells[0] / "result.json").unlink()  # an unfinished cell: resumed from its checkpoint
+    proc = run_cli(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (cells[0] / "result.json").exists()
+    for cell in cells[1:]:
+        assert (cell / "result.json").stat().st_mtime == stamps[cell]  # skipped, untouched
