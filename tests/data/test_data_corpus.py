@@ -190,3 +190,29 @@ def test_iwslt14_test_references_are_the_pre_bpe_text():
         pre_bpe = f.read().split("\n")[:-1]
     assert data.references["test"] == pre_bpe
     assert remove_bpe("it &apos;s that pyrami@@ d .") == "it &apos;s that pyramid ."
+
+
+@pytest.mark.skipif(not M30K.is_dir(), reason="staged Multi30k data not present")
+@pytest.mark.parametrize("group", ["multi30k", "iwslt14", "custom"])
+def test_conf_data_groups_compose_and_load(tmp_path, group):
+    import os
+
+    from hydra import compose, initialize_config_dir
+
+    from runner.config import register_schemas
+
+    register_schemas()
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    root = _m30k_slice(tmp_path / "m30k", n_train=150, n_eval=10)
+    if group != "multi30k":  # the other groups read {split}.{lang}
+        for ours, theirs in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+            for lang in ("de", "en"):
+                lines = read_lines(root / "tok" / f"{theirs}.lc.norm.tok.{lang}.gz")
+                _write(root / f"{ours}.{lang}", lines)
+    with initialize_config_dir(version_base="1.3", config_dir=os.fspath(conf)):
+        cfg = compose("train", overrides=[f"data={group}", f"data.dir={root}",
+                                          f"data.cache_dir={tmp_path / 'cache'}",
+                                          "data.bpe_merges=100"])
+    data = load_translation_data(cfg.data)
+    assert cfg.data.name == group and len(data.splits["test"]) == 10
+    assert data.joined and data.stats["cache"]["status"] == "built"
