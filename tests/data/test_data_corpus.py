@@ -216,3 +216,10 @@ def test_conf_data_groups_compose_and_load(tmp_path, group):
     data = load_translation_data(cfg.data)
     assert cfg.data.name == group and len(data.splits["test"]) == 10
     assert data.joined and data.stats["cache"]["status"] == "built"
+
+
+def test_truncated_gzip_is_named(tmp_path):
+    p = tmp_path / "t.de.gz"
+    p.write_bytes(gzip.compress(b"eins\nzwei\n" * 100)[:30])
+    with pytest.raises(CorpusError, match=r"cannot read .*t\.de\.gz"):
+        read_lines(p)
