@@ -61,3 +61,42 @@ def test_remove_bpe_matches_fairseq():
     # fairseq appends a space first, so a dangling final marker is removed too.
     assert remove_bpe("end@@") == "end"
     assert remove_bpe("a@@b c") == "a@@b c"
+
+
+def _multi_bleu(hyps, refs):
+    """multi-bleu.perl / fairseq's BLEU-4 written out independently: clipped n-gram counts summed
+    over the corpus, geometric mean of the four precisions, BP = min(1, exp(1 - r/c))."""
+    from collections import Counter
+
+    match, total = [0] * 4, [0] * 4
+    c = r = 0
+    for h, ref in zip(hyps, refs):
+        h, ref = h.split(), ref.split()
+        c, r = c + len(h), r + len(ref)
+        for n in range(1, 5):
+            hc = Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
+            rc = Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+            match[n - 1] += sum(min(k, rc[g]) for g, k in hc.items())
+            total[n - 1] += max(len(h) - n + 1, 0)
+    if min(match) == 0:
+        return 0.0
+    logp = sum(math.log(m / t) for m, t in zip(match, total)) / 4
+    return 100 * min(1.0, math.exp(1 - r / c)) * math.exp(logp)
+
+
+def test_tokenized_bleu_matches_multi_bleu_on_random_corpora():
+    import random
+
+    rng = random.Random(7)
+    vocab = [f"w{i}" for i in range(12)] + [",", ".", "&apos;s"]
+    for _ in range(20):
+        refs = [" ".join(rng.choices(vocab, k=rng.randint(1, 25))) for _ in range(30)]
+        hyps = []
+        for ref in refs:  # noisy copies: substitutions, deletions, insertions
+            words = [w for w in ref.split() if rng.random() > 0.15]
+            words = [rng.choice(vocab) if rng.random() < 0.2 else w for w in words]
+            words += rng.choices(vocab, k=rng.randint(0, 3))
+            hyps.append(" ".join(words))
+        expected = _multi_bleu(hyps, refs)
+        assert 10 < expected < 90  # a realistic range, not a degenerate 0 or 100
+        assert tokenized_bleu(hyps, refs) == pytest.approx(expected, abs=1e-9)
