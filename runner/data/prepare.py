@@ -240,7 +240,8 @@ def prepare_iwslt14(raw_tgz: str | os.PathLike | None, out_dir: str | os.PathLik
         bpe = SubwordNmtCodes.from_file(codes)
         counts["bpe"] = {"codes": str(codes), "merges": bpe.num_merges}
     else:
-        progress(f"iwslt14: learning a joint {bpe_merges}-merge BPE ({bpe_learner})")
+        progress(f"iwslt14: learning a joint {bpe_merges}-merge BPE ({bpe_learner}"
+                 + (", several minutes" if bpe_learner == "subword-nmt" else "") + ")")
         joint = text["train"][src] + text["train"][tgt]
         bpe = _learn(joint, bpe_merges, bpe_learner)
         counts["bpe"] = {"learner": bpe_learner, "merges": bpe.num_merges}
@@ -260,8 +261,13 @@ def _learn(lines: list[str], merges: int, learner: str) -> SubwordNmtCodes:
 
     from subword_nmt.learn_bpe import learn_bpe as snmt_learn
 
+    import contextlib
+
     out = io.StringIO()
-    snmt_learn(io.StringIO("\n".join(lines) + "\n"), out, merges)  # min_frequency 2 (default)
+    # subword-nmt draws a tqdm bar on stderr even with verbose=False; it is slow (about a minute
+    # per 30k lines for 10k merges), so say so once instead.
+    with contextlib.redirect_stderr(io.StringIO()):
+        snmt_learn(io.StringIO("\n".join(lines) + "\n"), out, merges)  # min_frequency 2
     return SubwordNmtCodes(out.getvalue(), source="<subword-nmt learn_bpe>")
 
 
