@@ -57,6 +57,8 @@ class SubwordNmtCodes:
             if len(item.strip("\r\n ").split(" ")) != 2:
                 raise BPEError(f"{source}:{n}: a merge line must be two symbols separated by "
                                f"one space, got {item[:60]!r}")
+        if len(lines) < 2:
+            raise BPEError(f"{source}: no merges after the '#version:' header")
         self.source = source
         self.text = codes if codes.endswith("\n") else codes + "\n"
         self.num_merges = len(lines) - 1
@@ -130,6 +132,9 @@ def learn_bpe(lines: Iterable[str], num_merges: int, min_frequency: int = 2) -> 
     def unmark(symbol: str) -> str:
         return symbol[:-1] + from_pua[symbol[-1]] if symbol and symbol[-1] in from_pua else symbol
 
+    if not merges:
+        raise BPEError(f"no symbol pair occurs {min_frequency} or more times in the "
+                       f"{len(lines)} training lines, so no BPE can be learned (use data.bpe=none)")
     out = [CODES_HEADER]
     for merge in merges[:num_merges]:
         a, b = merge if isinstance(merge, list) else merge.split(" ")

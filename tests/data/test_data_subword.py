@@ -110,5 +110,9 @@ def test_learned_bpe_is_deterministic_across_processes():
 def test_learn_bpe_rejects_bad_requests():
     with pytest.raises(BPEError, match=">= 1"):
         learn_bpe(["a b"], 0)
+    with pytest.raises(BPEError, match="no symbol pair occurs 2 or more times"):
+        learn_bpe(["ab cd"], 5)
+    with pytest.raises(BPEError, match="no merges"):
+        SubwordNmtCodes("#version: 0.2\n")
     with pytest.raises(BPEError, match="private-use"):
         learn_bpe(["a \U000F0001b"], 5)
