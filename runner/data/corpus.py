@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from runner.data.dataset import TokenizedSplit, TranslationData
 from runner.data.dictionary import Dictionary
-from runner.data.subword import BPE_SYMBOL, SubwordNmtCodes, learn_bpe, remove_bpe
+from runner.data.subword import BPE_SYMBOL, BPEError, SubwordNmtCodes, learn_bpe, remove_bpe
 
 log = logging.getLogger("deepinit.data")
 
@@ -160,6 +160,14 @@ def split_file(cfg, directory: Path, split: str, lang: str) -> Path:
 
 
 def _bpe_for(cfg, train_lines: Sequence[str] | None) -> tuple[SubwordNmtCodes | None, dict]:
+    try:
+        return _bpe_for_unchecked(cfg, train_lines)
+    except BPEError as e:  # one error type for the CLI to report
+        raise CorpusError(str(e)) from None
+
+
+def _bpe_for_unchecked(cfg, train_lines: Sequence[str] | None
+                       ) -> tuple[SubwordNmtCodes | None, dict]:
     if cfg.bpe == "none":
         return None, {"bpe": "none"}
     if cfg.bpe == "codes":

@@ -223,3 +223,17 @@ def test_truncated_gzip_is_named(tmp_path):
     p.write_bytes(gzip.compress(b"eins\nzwei\n" * 100)[:30])
     with pytest.raises(CorpusError, match=r"cannot read .*t\.de\.gz"):
         read_lines(p)
+
+
+def test_bpe_codes_problems_are_corpus_errors(tmp_path):
+    _small_corpus(tmp_path)
+    with pytest.raises(CorpusError, match="needs data.bpe_codes"):
+        load_translation_data(_custom(tmp_path, bpe="codes"), use_cache=False)
+    (tmp_path / "code").write_text("e n</w>\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match="#version"):
+        load_translation_data(_custom(tmp_path, bpe="codes", bpe_codes=str(tmp_path / "code")),
+                              use_cache=False)
+    (tmp_path / "code").write_text("#version: 0.2\ne n</w>\nh u\n", encoding="utf-8")
+    data = load_translation_data(_custom(tmp_path, bpe="codes", bpe_codes=str(tmp_path / "code")),
+                                 use_cache=False)
+    assert "hu@@" in data.src_dict and data.references["test"][0] == "a dog runs ."
