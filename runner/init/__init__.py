@@ -15,11 +15,22 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from runner.init import xavier
+from runner.init import (admin, admin_torch, deepnorm, ds_init, lipschitz, rezero, rezero_postln,
+                         rezero_ramp, skipinit, tfixup, xavier)
 from runner.model.sublayer import ResidualSpec
 
 SCHEMES: dict[str, ModuleType] = {
     "xavier": xavier,
+    "tfixup": tfixup,
+    "admin": admin,
+    "admin_torch": admin_torch,
+    "lipschitz": lipschitz,
+    "ds_init": ds_init,
+    "deepnorm": deepnorm,
+    "rezero": rezero,
+    "rezero_postln": rezero_postln,
+    "skipinit": skipinit,
+    "rezero_ramp": rezero_ramp,
 }
 
 

@@ -78,3 +78,52 @@ def fairseq_xavier(model, cfg) -> None:
         seen.add(id(weight))
         init_embedding(weight, mcfg.dim, model.pad_index)
     reset_norms_and_scales(model)
+
+
+# ----- helpers for the schemes that rescale or redraw the baseline -----
+
+def branch_linears(ref) -> dict[str, nn.Linear]:
+    """The projections of one sublayer by role: q/k/v/out for attention, fc1/fc2 for the FFN."""
+    if ref.kind == "ffn":
+        return {"fc1": ref.module.branch.fc1, "fc2": ref.module.branch.fc2}
+    return attention_projections(ref.module)
+
+
+def is_ntk(linear: nn.Module) -> bool:
+    return hasattr(linear, "output_scale")
+
+
+@torch.no_grad()
+def store_effective_(linear: nn.Linear) -> None:
+    """The schemes draw the weight the forward pass should see; under the NTK parameterization
+    the forward multiplies by 1/sqrt(fan_in), so the stored weight carries sqrt(fan_in) more."""
+    if is_ntk(linear):
+        linear.weight.div_(linear.output_scale)
+
+
+@torch.no_grad()
+def t5_qk_adjust_(model, role: str, linear: nn.Linear) -> None:
+    """T5-style attention (seed 004): q and k variance each divided by a further sqrt(head_dim),
+    because the logits no longer are."""
+    if model.cfg.attention == "t5" and role in ("q", "k"):
+        linear.weight.mul_((model.cfg.dim // model.cfg.heads) ** -0.25)
+
+
+def unique_tables(model) -> list[tuple[str, nn.Parameter]]:
+    """Embedding tables by role, each tied Parameter once (first role that holds it)."""
+    out, seen = [], set()
+    for role, weight in model.embedding_tables().items():
+        if id(weight) not in seen:
+            seen.add(id(weight))
+            out.append((role, weight))
+    return out
+
+
+def fill_alpha(model, value: float) -> None:
+    with torch.no_grad():
+        for layer in (*model.encoder.layers, *model.decoder.layers):
+            layer.alpha.fill_(value)
+
+
+def needs_placement(cfg, placement: str, message: str) -> list[str]:
+    return [] if cfg.norm.placement == placement else [message]

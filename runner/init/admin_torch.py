@@ -1,0 +1,47 @@
+"""`init=admin_torch`: the closed-form Admin of microsoft/admin-torch (methods 4.3): every
+sublayer's shortcut scale is omega(n) with n the number of residual sublayers of its stack; no
+profiling. Weights are the default Xavier."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from runner.init.admin import residual_for
+from runner.init.common import fairseq_xavier, needs_placement
+
+
+def omega(n: int, output_change_scale: str) -> float:
+    """ADT calculate_init (methods 4.3)."""
+    if output_change_scale == "O(logn)":
+        return math.sqrt((n + 1) / math.log(n + 1) - 1)
+    if output_change_scale == "O(1)":
+        return math.sqrt(n)
+    if output_change_scale == "O(n)":
+        return 1.0
+    raise ValueError(f"unknown output_change_scale {output_change_scale!r}")
+
+
+def residual_sublayers(model) -> dict[str, int]:
+    """n per stack: 2N for the encoder (ADT's docstring example); 3M for the decoder is our
+    choice, the fairseq integration's value is unverified (methods 4.3, 12)."""
+    return {"encoder": 2 * model.cfg.num_encoder_layers, "decoder": 3 * model.cfg.num_decoder_layers}
+
+
+def requirements(cfg) -> list[str]:
+    return needs_placement(cfg, "post", "admin_torch rescales the Post-LN shortcut: use norm=post")
+
+
+def residual(cfg):
+    return residual_for(cfg.init.omega)
+
+
+@torch.no_grad()
+def apply(model, cfg, batch=None) -> dict:
+    fairseq_xavier(model, cfg)
+    n = residual_sublayers(model)
+    values = {side: omega(count, cfg.init.output_change_scale) for side, count in n.items()}
+    for ref in model.sublayers():
+        ref.module.omega.fill_(values[ref.side])
+    return {"rule": f"admin-torch closed form, {cfg.init.output_change_scale} (methods 4.3)",
+            "omega_mode": cfg.init.omega, "n": n, "omega": values}

@@ -1,0 +1,40 @@
+"""`init=ds_init`: depth-scaled init of Zhang, Titov, Sennrich (EMNLP 2019), methods 6: every
+matrix of layer l (1-based, counted per stack) is Xavier-uniform with its bound shrunk by
+l^-1/2 (the paper's formula, default) or l^-1/4 (the ZRO code, init.ds_init_form=code)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from runner.init.common import branch_linears, fairseq_xavier, store_effective_, t5_qk_adjust_
+
+
+def bound(fan_in: int, fan_out: int, layer: int, form: str, gain: float) -> float:
+    """layer is 1-based. paper: gain*sqrt(6/(fi+fo))/sqrt(l); code: TF variance_scaling with
+    scale gain*l^-1/2, mode fan_avg, uniform = sqrt(3*scale/((fi+fo)/2))."""
+    if form == "paper":
+        return gain * math.sqrt(6.0 / (fan_in + fan_out)) / math.sqrt(layer)
+    if form == "code":
+        return math.sqrt(3.0 * gain * layer ** -0.5 / ((fan_in + fan_out) / 2.0))
+    raise ValueError(f"unknown ds_init_form {form!r}")
+
+
+@torch.no_grad()
+def apply(model, cfg, batch=None) -> dict:
+    # Embeddings N(0, d^-1/2), zero biases and norms 1/0 stay as in the baseline (methods 6:
+    # outside the layer scopes / explicit initializers).
+    fairseq_xavier(model, cfg)
+    form, gain = cfg.init.ds_init_form, cfg.init.ds_init_gain
+    factors = {}
+    for ref in model.sublayers():
+        depth = ref.layer + 1
+        for role, linear in branch_linears(ref).items():
+            b = bound(linear.in_features, linear.out_features, depth, form, gain)
+            nn.init.uniform_(linear.weight, -b, b)
+            store_effective_(linear)
+            t5_qk_adjust_(model, role, linear)
+        factors[f"{ref.side}.{ref.layer}"] = depth ** (-0.5 if form == "paper" else -0.25)
+    return {"rule": f"DS-Init, {form} form (methods 6)", "gain": gain,
+            "bound_factor_vs_xavier": factors}

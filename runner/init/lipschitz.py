@@ -1,0 +1,65 @@
+"""`init=lipschitz`: the Lipschitz-constrained init of Xu et al. (ACL 2020) as Neutron implements
+it (methods 5.1), with the paper's computation orders (methods 5.2): v1 = Post-LN with a norm on
+the embedding sum (norm=post norm.embedding_norm=true), v2 = Pre-LN (norm=pre)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from runner.init.common import (branch_linears, fairseq_xavier, store_effective_, t5_qk_adjust_,
+                                unique_tables)
+
+
+def order(cfg) -> str:
+    return "v2" if cfg.norm.placement == "pre" else "v1"
+
+
+def requirements(cfg) -> list[str]:
+    placement = cfg.norm.placement
+    if placement == "pre":
+        return []
+    if placement == "post" and cfg.norm.embedding_norm:
+        return []
+    if placement == "post":
+        return ["Lipschitz v1 is Post-LN with a norm on the embedding sum: use "
+                "norm.embedding_norm=true (or norm=pre for v2)"]
+    return [f"Lipschitz init is defined for the v1/v2 orders only: use norm=post "
+            f"norm.embedding_norm=true (v1) or norm=pre (v2), not norm={placement}"]
+
+
+def linear_bound(fan_in: int, scale: float) -> float:
+    return scale * math.sqrt(1.0 / fan_in)  # methods 5.1 step 1
+
+
+def embedding_bound(dim: int, vocab: int) -> float:
+    return math.sqrt(2.0 / (dim + vocab))  # methods 5.1 step 2
+
+
+@torch.no_grad()
+def apply(model, cfg, batch=None) -> dict:
+    # Biases 0 and norms 1/0 (step 3) come with the baseline; every matrix is then redrawn.
+    fairseq_xavier(model, cfg)
+    scale = cfg.init.lipschitz_scale
+    for ref in model.sublayers():
+        for role, linear in branch_linears(ref).items():
+            b = linear_bound(linear.in_features, scale)
+            nn.init.uniform_(linear.weight, -b, b)
+            store_effective_(linear)
+            t5_qk_adjust_(model, role, linear)
+    bounds = {}
+    tables = dict(unique_tables(model))
+    if "output" in tables:  # an untied classifier is a Linear(d -> V): step 1, fan_in = d
+        b = linear_bound(model.cfg.dim, scale)
+        output = tables.pop("output")
+        nn.init.uniform_(output, -b, b)
+        output[model.pad_index].zero_()  # the decoder's fix_init zeroes the classifier pad row
+        bounds["output"] = b
+    for role, weight in tables.items():
+        b = embedding_bound(model.cfg.dim, weight.shape[0])
+        nn.init.uniform_(weight, -b, b)
+        weight[model.pad_index].zero_()
+        bounds[role] = b
+    return {"rule": "Lipschitz-constrained init, Neutron init_model_params_lipschitz (methods 5.1)",
+            "order": order(cfg), "scale": scale, "embedding_bounds": bounds}

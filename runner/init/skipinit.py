@@ -1,0 +1,20 @@
+"""`init=skipinit`: SkipInit (De & Smith 2020) in its usual definition x + alpha * F(x), alpha = 0
+at init and trained, no normalization (methods 8: not verified against a reference
+implementation). In this model alpha is one scalar per layer shared by its sublayers, so this is
+the same computation as `rezero`; SkipInit proper has one alpha per residual branch."""
+from __future__ import annotations
+
+from runner.init.common import needs_placement
+from runner.init.rezero import alpha_apply, alpha_residual, on_update  # noqa: F401 (the hook)
+
+
+def requirements(cfg) -> list[str]:
+    return needs_placement(cfg, "none", "SkipInit replaces normalization: use norm=none")
+
+
+def residual(cfg):
+    return alpha_residual(cfg)
+
+
+def apply(model, cfg, batch=None) -> dict:
+    return alpha_apply(model, cfg, "SkipInit: no norm, alpha = 0 (methods 8, unverified)")

@@ -1,0 +1,55 @@
+"""`init=tfixup`: T-Fixup (Huang et al., ICML 2020) exactly as the TFX fork implements it
+(methods 3.2): the default Xavier model, then in-place scaling of v/out/fc and the token tables.
+LayerNorm is removed (norm=none) and no warmup is needed."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from runner.init.common import branch_linears, fairseq_xavier, is_ntk, needs_placement
+
+
+def factors(encoder_layers: int, decoder_layers: int) -> dict[str, float]:
+    """Methods 3.2: encoder 0.67*N^-1/4, decoder and embeddings (9M)^-1/4 / (9N)^-1/4, each
+    stack with its own depth."""
+    return {
+        "encoder": 0.67 * encoder_layers ** -0.25,
+        "decoder": (9 * decoder_layers) ** -0.25,
+        "encoder_embedding": (9 * encoder_layers) ** -0.25,
+        "decoder_embedding": (9 * decoder_layers) ** -0.25,
+    }
+
+
+def requirements(cfg) -> list[str]:
+    return needs_placement(cfg, "none", "T-Fixup removes layer normalization: use norm=none")
+
+
+# Scaled per sublayer: v/out of every attention (self and cross) and fc1/fc2; q/k stay at the
+# baseline's Xavier gain 1/sqrt(2) (methods 3.2, discrepancy 11.4).
+SCALED = ("v", "out", "fc1", "fc2")
+
+
+@torch.no_grad()
+def apply(model, cfg, batch=None) -> dict:
+    fairseq_xavier(model, cfg)
+    f = factors(model.cfg.num_encoder_layers, model.cfg.num_decoder_layers)
+    for ref in model.sublayers():
+        for role, linear in branch_linears(ref).items():
+            if role not in SCALED:
+                continue
+            scale = f[ref.side]
+            # TFX multiplies v by sqrt(2) to undo fairseq's 1/sqrt(2) gain (gain-1 Xavier, then
+            # scaled). Under NTK the baseline has no such gain, so there is nothing to undo.
+            if role == "v" and not is_ntk(linear):
+                scale *= math.sqrt(2)
+            linear.weight.mul_(scale)
+    tables = model.embedding_tables()
+    tables["encoder"].mul_(f["encoder_embedding"])
+    # --share-all-embeddings: the decoder re-scaling is skipped, the shared table carries only
+    # the encoder factor (methods 3.2). With decoder_io the output projection is this table.
+    if tables["decoder"] is not tables["encoder"]:
+        tables["decoder"].mul_(f["decoder_embedding"])
+    return {"rule": "T-Fixup, TFX fixup_initialization (methods 3.2)", "factors": f,
+            "embedding_factor_applied_to_decoder":
+                tables["decoder"] is not tables["encoder"]}

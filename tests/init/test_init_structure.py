@@ -1,0 +1,115 @@
+"""Every scheme keeps the model's structure and says what it sets: the same state_dict keys and
+shapes as the baseline, no parameter left unset, and a declared list of what each scheme changes
+relative to the default Xavier baseline."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from init_helpers import initialized, make_batch, make_cfg, make_model
+from runner.init import SCHEMES
+from runner.init import apply as init_apply
+
+ALL = sorted(SCHEMES)
+WEIGHTS = {f"{side}.{sub}.{p}" for side, subs in (("encoder", ("self_attn",)),
+                                                  ("decoder", ("self_attn", "cross_attn")))
+           for sub in subs for p in ("q", "k", "v", "out")} | {"encoder.ffn.fc1", "encoder.ffn.fc2",
+                                                              "decoder.ffn.fc1", "decoder.ffn.fc2"}
+OMEGAS = {"encoder.self_attn.omega", "encoder.ffn.omega", "decoder.self_attn.omega",
+          "decoder.cross_attn.omega", "decoder.ffn.omega"}
+ALPHAS = {"encoder.alpha", "decoder.alpha"}
+TABLES = {"embedding.encoder", "embedding.decoder", "embedding.output"}
+VO_FC = {r for r in WEIGHTS if r.endswith((".v", ".out", ".fc1", ".fc2"))}
+
+# What each scheme changes relative to the default Xavier model from the same seed. Everything
+# else (biases, norms, the roles not listed) is deliberately left at the baseline.
+CHANGES = {
+    "xavier": set(),
+    "tfixup": VO_FC | {"embedding.encoder", "embedding.decoder"},  # q/k and the untied output kept
+    "admin": OMEGAS,  # the first sublayer of each stack keeps omega = 1, later ones change
+    "admin_torch": OMEGAS,
+    "lipschitz": WEIGHTS | TABLES,
+    "ds_init": WEIGHTS,  # embeddings and the output matrix keep N(0, d^-1/2)
+    "deepnorm": WEIGHTS | OMEGAS,
+    "rezero": ALPHAS, "rezero_postln": ALPHAS, "skipinit": ALPHAS, "rezero_ramp": ALPHAS,
+}
+EXTRA = {"rezero_ramp": {"alpha_ramp_step": 0.01}}
+
+
+def role(key: str) -> str:
+    """state_dict key -> role, with the layer index dropped."""
+    m = re.match(r"(encoder|decoder)\.layers\.\d+\.(\w+)\.branch\.(\w+)_proj\.weight$", key)
+    if m:
+        return f"{m[1]}.{m[2]}.{m[3]}"
+    m = re.match(r"(encoder|decoder)\.layers\.\d+\.ffn\.branch\.(fc\d)\.weight$", key)
+    if m:
+        return f"{m[1]}.ffn.{m[2]}"
+    m = re.match(r"(encoder|decoder)\.layers\.\d+\.(\w+)\.omega$", key)
+    if m:
+        return f"{m[1]}.{m[2]}.omega"
+    m = re.match(r"(encoder|decoder)\.layers\.\d+\.alpha$", key)
+    if m:
+        return f"{m[1]}.alpha"
+    m = re.match(r"(encoder|decoder)\.embedder\.tokens\.weight$", key)
+    if m:
+        return f"embedding.{m[1]}"
+    if key == "output_weight":
+        return "embedding.output"
+    if key.endswith(".bias"):
+        return "bias"
+    return "norm"
+
+
+def shapes(model) -> dict[str, tuple]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("norm", ["post", "pre", "none"])
+def test_every_scheme_keeps_keys_and_shapes(norm):
+    reference = shapes(initialized(make_cfg("xavier", norm=norm, dropout=0.1))[0])
+    for scheme in ALL:
+        model, _ = initialized(make_cfg(scheme, norm=norm, dropout=0.1, **EXTRA.get(scheme, {})))
+        assert shapes(model) == reference, scheme
+
+
+@pytest.mark.parametrize("scheme", ALL)
+def test_every_parameter_is_set_and_the_changes_are_the_declared_ones(scheme):
+    cfg = make_cfg(scheme, layers=2, share="none", dropout=0.1, **EXTRA.get(scheme, {}))
+    # Every parameter starts as NaN: whatever the scheme does not set would stay NaN.
+    model = make_model(cfg, seed=7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    torch.manual_seed(7)
+    init_apply(model, cfg, make_batch())
+    for name, value in model.state_dict().items():
+        assert torch.isfinite(value).all(), f"{scheme} leaves {name} unset"
+
+    base, _ = initialized(make_cfg("xavier", layers=2, share="none", dropout=0.1), seed=7)
+    model, _ = initialized(cfg, seed=7)
+    base_sd = base.state_dict()
+    changed = {role(k) for k, v in model.state_dict().items() if not torch.equal(v, base_sd[k])}
+    assert changed == CHANGES[scheme]
+
+
+def test_admin_scalar_and_constant_omega_options():
+    vector, _ = initialized(make_cfg("admin"))
+    scalar, _ = initialized(make_cfg("admin", omega="scalar"))
+    constant, _ = initialized(make_cfg("admin", omega="constant"))
+    for v, s, c in zip(vector.sublayers(), scalar.sublayers(), constant.sublayers()):
+        assert v.module.omega.shape == (32,) and v.module.omega.requires_grad
+        # scalar: one trainable value per sublayer (the only option that changes a shape)
+        assert s.module.omega.shape == (1,) and s.module.omega.requires_grad
+        assert c.module.omega.shape == (32,) and not c.module.omega.requires_grad
+        assert torch.allclose(v.module.omega, s.module.omega.expand(32))
+        assert torch.allclose(v.module.omega, c.module.omega)
+
+
+def test_alpha_is_trained_for_rezero_and_fixed_for_the_ramp():
+    rezero, _ = initialized(make_cfg("rezero", norm="none"))
+    ramp, _ = initialized(make_cfg("rezero_ramp", norm="none", alpha_ramp_step=0.25))
+    for a, b in zip(rezero.sublayers(), ramp.sublayers()):
+        assert float(a.alpha.detach()) == 0.0 and a.alpha.requires_grad
+        assert float(b.alpha) == 0.0 and not b.alpha.requires_grad
