@@ -1,0 +1,164 @@
+"""Sweeps through `hydra/launcher=slurm` on a real single-node SLURM.
+
+Bring one up with `WITH_ACCOUNTING=1 WITH_FAKE_GPUS=2 bash ci/slurm-single-node.sh up` (.ci/run
+does); without `sinfo` or an idle node these tests skip. Accounting matters: submitit reads job
+states from sacct, and a requeued job would otherwise look lost (infra.md section 5).
+"""
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.sweep.report import load_sweep, main_report
+
+REPO = Path(__file__).resolve().parents[1]
+APP = REPO / "tests" / "sweep_probe_app.py"
+DEEPINIT = Path(sys.executable).with_name("deepinit")
+# A tiny, fast training run: the point is dispatch, not learning.
+TINY = ["model=ci", "data.toy.train_size=300", "data.toy.valid_size=30",
+        "trainer.tensorboard=false", "trainer.progress=false"]
+
+
+def _slurm_ready() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(s.strip().rstrip("*") in {"idle", "mixed"} for s in out.split())
+
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(not _slurm_ready(), reason="no SLURM with an idle node (sinfo)"),
+]
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEEPINIT_SLURM_", "SLURM_"))}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _deepinit(sweep_dir: Path, *overrides: str, background: bool = False, **env: str):
+    cmd = [str(DEEPINIT), "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}",
+           "hydra.launcher.timeout_min=10", *TINY, *overrides]
+    kw = dict(cwd=sweep_dir.parent, env=_env(**env), stdout=subprocess.PIPE,
+              stderr=subprocess.STDOUT, text=True)
+    if background:
+        return subprocess.Popen(cmd, **kw)
+    return subprocess.run(cmd, timeout=240, **kw)
+
+
+def _cancel_all_jobs_in(sweep_dir: Path) -> None:
+    """Leave no job behind after a failed test (ids from the cells' env.json)."""
+    for env_json in sweep_dir.glob("*/env.json"):
+        job = json.loads(env_json.read_text()).get("slurm_job_id")
+        if job:
+            subprocess.run(["scancel", str(job)], check=False)
+
+
+def _array_task_id(raw_job_id: str) -> str:
+    """`<array>_<task>` for a task's own SLURM_JOB_ID: the first task's raw id is also the array's
+    id, and requeueing that would requeue every cell."""
+    out = subprocess.run(["squeue", "-h", "-o", "%A %i"], capture_output=True, text=True,
+                         timeout=10).stdout
+    for line in out.splitlines():
+        raw, task = line.split()
+        if raw == str(raw_job_id):
+            return task
+    raise AssertionError(f"job {raw_job_id} is not in squeue:\n{out}")
+
+
+needs_cli = pytest.mark.skipif(not DEEPINIT.exists(), reason="deepinit is not installed in this venv")
+
+
+@needs_cli
+def test_beta2_lr_grid_runs_as_one_job_array_and_reports_15_cells(tmp_path):
+    sweep_dir = tmp_path / "beta2_lr"
+    proc = _deepinit(sweep_dir, "+sweep=beta2_lr", "trainer.max_updates=6")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    # one sbatch script with a 15-task array, not 15 submissions
+    scripts = list((sweep_dir / ".submitit").rglob("*_submission.sh"))
+    assert any("#SBATCH --array=0-14" in s.read_text() for s in scripts)
+    sweep = load_sweep(sweep_dir)
+    n = sweep.counts()
+    assert (n["total"], n["done"], n["running"], n["pending"], n["failed"]) == (15, 15, 0, 0, 0)
+    jobs = {json.loads((c.path / "env.json").read_text())["slurm_job_id"] for c in sweep.cells}
+    assert len(jobs) == 15 and None not in jobs  # each cell ran in its own SLURM job
+    assert main_report([str(sweep_dir), "--no-plots"]) == 0
+    rows = list(csv.DictReader(open(sweep_dir / "report.csv")))
+    assert len(rows) == 15
+    assert {r["optim.beta2"] for r in rows} == {"0.99", "0.995", "0.999"}
+    assert all(r["updates"] == "6" for r in rows if r["status"] == "ok")
+
+
+@needs_cli
+def test_requeued_cell_resumes_from_its_checkpoint_with_identical_results(tmp_path):
+    """Two identical cells (keep_checkpoints changes nothing but disk use) run side by side;
+    one is requeued with `scontrol requeue` once it has a checkpoint. Slurm kills it and starts
+    it again in the same folder, where the trainer resumes from checkpoint_last.pt."""
+    sweep_dir = tmp_path / "requeue"
+    driver = _deepinit(sweep_dir, "trainer.keep_checkpoints=1,2", "trainer.max_updates=80",
+                       "trainer.save_interval=10", "trainer.valid_interval=40", "warmup=none",
+                       background=True)
+    try:
+        deadline = time.time() + 120
+        victim = None
+        while time.time() < deadline and driver.poll() is None:
+            victim = next(iter(sweep_dir.glob("*keep_checkpoints=2*")), None)
+            if victim and (victim / "checkpoint_last.pt").exists() and (victim / "env.json").exists():
+                break
+            time.sleep(0.2)
+        assert victim is not None and driver.poll() is None, "cell never checkpointed"
+        assert not (victim / "result.json").exists(), "cell finished before the requeue"
+        job = _array_task_id(json.loads((victim / "env.json").read_text())["slurm_job_id"])
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        out, _ = driver.communicate(timeout=180)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            _cancel_all_jobs_in(sweep_dir)
+    assert driver.returncode == 0, out[-4000:]
+    other = next(sweep_dir.glob("*keep_checkpoints=1*"))
+    requeued, straight = (json.loads((d / "result.json").read_text()) for d in (victim, other))
+    assert requeued["resumed"] is True and straight["resumed"] is False
+    resumed_at = [int(m) for m in re.findall(r"resumed from .* at update (\d+)",
+                                                (victim / "train.log").read_text())]
+    assert len(resumed_at) == 1 and 0 < resumed_at[0] < 80, resumed_at
+    for key in ("status", "updates", "train_loss", "valid_loss", "best_valid_loss"):
+        assert requeued[key] == straight[key], key
+    assert requeued["updates"] == 80
+
+    def curve(d):
+        lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        return [(r["split"], r["step"], r["loss"]) for r in lines]
+    assert curve(victim) == curve(other)
+
+
+def test_each_job_sees_its_own_fake_gpu(tmp_path):
+    """Fake GPUs advertised as gres: two concurrent cells with --gpus-per-node=1 get distinct
+    CUDA_VISIBLE_DEVICES from Slurm (the stand-in task records its environment)."""
+    sweep_dir = tmp_path / "gpus"
+    cmd = [sys.executable, str(APP), "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}",
+           "hydra.launcher.timeout_min=5", "trainer.seed=1,2"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(PROBE_MODE="probe", PROBE_SLEEP="4",
+                                                      DEEPINIT_SLURM_GPUS_PER_NODE="1"),
+                          capture_output=True, text=True, timeout=120)
+    if "Invalid generic resource" in proc.stdout + proc.stderr:
+        pytest.skip("this SLURM has no gres GPUs (start it with WITH_FAKE_GPUS=2)")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    probes = [json.loads(p.read_text()) for p in sweep_dir.glob("*/probe.json")]
+    assert len(probes) == 2 and all(p["slurm_job"] for p in probes)
+    a, b = probes
+    assert a["start"] < b["end"] and b["start"] < a["end"], "cells did not overlap"
+    assert {a["cvd"], b["cvd"]} == {"0", "1"}
