@@ -531,17 +531,20 @@ def plot_curves(sweep: Sweep, out_dir: Path) -> list[Path]:
     for c in sweep.cells:
         if c.valid_curve:
             groups.setdefault(tuple(axis_value(c, a) for a in sweep.scientific), []).append(c)
+    if all(len(g) == 1 for g in groups.values()):  # nothing to group: one figure, every cell
+        groups = {(): [c for g in groups.values() for c in g]}
     paths = []
     for key, members in sorted(groups.items()):
         fig, ax = plt.subplots(figsize=(6, 4))
         for c in members:
             steps, losses = zip(*c.valid_curve)
-            label = cell_label(c, sweep.nuisance) if sweep.nuisance else cell_label(c, sweep.axes)
+            label = cell_label(c, sweep.nuisance) if sweep.nuisance and key else \
+                cell_label(c, sweep.axes)
             ls = "--" if c.status in ("diverged", "failed") else "-"
             ax.plot(steps, losses, ls, marker=".", label=f"{label} ({c.status})")
         ax.set_xlabel("update")
         ax.set_ylabel("valid loss")
-        facet = " ".join(f"{a}={v}" for a, v in zip(sweep.scientific, key))
+        facet = " ".join(f"{a}={v}" for a, v in zip(sweep.scientific, key)) if key else ""
         ax.set_title(facet or "validation curves", fontsize=9)
         ax.legend(fontsize=6)
         fig.tight_layout()
