@@ -1,6 +1,7 @@
 """`deepinit report` on sweeps made by real Hydra multiruns of the presets, with a stand-in task
 (tests/sweep_probe_app.py) that writes run folders from a known loss surface."""
 import csv
+import itertools
 import json
 import os
 import shutil
@@ -127,3 +128,38 @@ def test_methods_are_the_scientific_axis_with_one_heatmap_each(faceted, tmp_path
 def test_missing_dir_is_a_one_line_error(tmp_path, capsys):
     assert main_report([str(tmp_path / "nope")]) == 2
     assert "not a directory" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("preset,cells", [("beta2_lr", 15), ("depth", 3), ("table2", 9),
+                                          ("ultradeep", 5)])
+def test_every_preset_cell_composes_and_validates(preset, cells):
+    """Each cell of each preset is a valid config (e.g. no Admin without post-norm), and the
+    preset's sweep block names axes the report can read."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from omegaconf import OmegaConf
+
+    from runner.config import register_schemas, validate
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        base = compose(config_name="train", overrides=[f"+sweep={preset}"],
+                       return_hydra_config=True)
+        params = base.hydra.sweeper.params
+        parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+        axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in parsed]
+        combos = list(itertools.product(*axes))
+        assert len(combos) == cells
+        # beta2_lr's cells differ only in two floats: its corners stand for the rest
+        for combo in combos if len(combos) <= 9 else (combos[0], combos[-1]):
+            cfg = compose(config_name="train", overrides=[f"+sweep={preset}", *combo])
+            validate(OmegaConf.to_object(cfg))
+            assert cfg.sweep.name == preset
+            assert set(cfg.sweep.scientific).isdisjoint(cfg.sweep.nuisance)
+    if preset == "beta2_lr":  # methods 4.5
+        assert (cfg.optim.name, cfg.schedule.name, cfg.warmup.updates) == ("radam", "linear", 0)
+        assert cfg.schedule.min_lr == 0.0
+    if preset == "ultradeep":
+        assert (cfg.init.name, cfg.norm.placement, cfg.model.dim, cfg.model.layers) == \
+            ("tfixup", "none", 64, 200)
