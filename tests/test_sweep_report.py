@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.sweep.report import expected_cells, isolation_rows, load_sweep, main_report
+from runner.sweep.report import (axis_value, default_metric, expected_cells, isolation_rows,
+                                 load_sweep, main_report)
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "sweep_probe_app.py"
@@ -79,8 +80,12 @@ def test_cli_axes_override_changes_the_isolation(grid, tmp_path):
     best = {r["scientific"]["optim.beta2"]: r["best_nuisance"]["optim.lr"]
             for r in isolation_rows(sweep)}
     assert best == {"0.99": "0.0003", "0.995": "0.0003", "0.999": "0.0003"}
-    by_bleu = isolation_rows(sweep, metric="bleu")
-    assert all(r["best"].value("bleu") is not None for r in by_bleu)
+    by_bleu = isolation_rows(sweep, metric="bleu")  # higher is better
+    assert all(r["best"].value("bleu") == max(c.value("bleu") or 0 for c in sweep.cells
+                                               if axis_value(c, "optim.beta2") == beta2)
+               for beta2, r in zip(["0.99", "0.995", "0.999"], by_bleu))
+    # every finished cell of the stand-in has BLEU, so the report ranks by it by default
+    assert default_metric(sweep) == "bleu"
 
 
 def test_unfinished_sweep_counts_running_and_pending(grid, tmp_path):

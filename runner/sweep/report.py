@@ -572,6 +572,11 @@ def write_report(sweep: Sweep, metric: str = "best_valid_loss", out_dir: Optiona
     return {"markdown": out_dir / "report.md", "csv": out_dir / "report.csv", "images": images}
 
 
+def default_metric(sweep: Sweep) -> str:
+    ok = [c for c in sweep.cells if c.status == "ok"]
+    return "bleu" if ok and all(c.value("bleu") is not None for c in ok) else "best_valid_loss"
+
+
 def _axes_arg(s: Optional[str]) -> Optional[list[str]]:
     return None if s is None else [a for a in s.split(",") if a]
 
@@ -580,8 +585,9 @@ def main_report(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="deepinit report",
                                 description="Tables and plots of a sweep, from its run folders.")
     p.add_argument("sweep_dir", type=Path)
-    p.add_argument("--metric", default="best_valid_loss", choices=sorted(METRICS),
-                   help="what the isolation table and heatmap rank by")
+    p.add_argument("--metric", default="auto", choices=["auto", *sorted(METRICS)],
+                   help="what the isolation table and heatmap rank by; auto: BLEU when every "
+                        "finished ok cell has one (the papers' metric), else best_valid_loss")
     p.add_argument("--scientific", help="comma list of axes to compare (default: the preset's)")
     p.add_argument("--nuisance", help="comma list of axes to optimize over (default: the preset's)")
     p.add_argument("--out", type=Path, help="where report.md/csv and plots go (default: SWEEP_DIR)")
@@ -595,8 +601,9 @@ def main_report(argv: Sequence[str]) -> int:
     if not sweep.cells:
         print(f"deepinit report: no run folders or multirun.yaml under {args.sweep_dir}")
         return 2
-    print_rich(sweep, args.metric)
-    out = write_report(sweep, args.metric, args.out, plots=not args.no_plots)
+    metric = default_metric(sweep) if args.metric == "auto" else args.metric
+    print_rich(sweep, metric)
+    out = write_report(sweep, metric, args.out, plots=not args.no_plots)
     print(f"wrote {out['markdown']}, {out['csv']}" +
           "".join(f", {p}" for p in out["images"]))
     return 0
