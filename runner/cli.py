@@ -91,9 +91,11 @@ def run_task(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode.name == "MULTIRUN"
+    from runner.data.corpus import CorpusError
+
     try:
-        result = train(cfg, run_dir)
-    except ConfigError as err:
+        train(cfg, run_dir)
+    except (ConfigError, CorpusError) as err:
         # A user error: one line, exit 2, and nothing left in the run folder but train.log.
         logging.getLogger("deepinit.file").error("config error: %s", err)
         _remove_hydra_files(run_dir)

@@ -1,0 +1,44 @@
+"""A built wheel finds conf/ (shipped inside the package) and trains from outside the repo."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_trains_outside_the_repo(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-w", str(dist), str(REPO)], check=True, capture_output=True, timeout=300)
+    wheel = next(dist.glob("deepinit-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    # The dependencies come from this environment's site-packages as a plain path (its .pth
+    # files, the editable install among them, are not processed), so only the wheel provides
+    # `runner`.
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
+                    "install", "--no-deps", str(wheel)], check=True, capture_output=True, timeout=300)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import runner; print(runner.__file__)"],
+                           cwd=outside, capture_output=True, text=True, env=env, check=True)
+    assert str(site) in where.stdout, where.stdout  # the wheel's copy, not the checkout
+    proc = subprocess.run([str(venv / "bin" / "deepinit"), "train", *TINY, "trainer.max_updates=5",
+                           "warmup.updates=2"], cwd=outside, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = list((outside / "outputs" / "runs").glob("*/result.json"))
+    assert len(results) == 1 and json.loads(results[0].read_text())["status"] == "ok"
+    # sweep presets travel too (conf/sweep -> sweeps/)
+    assert (site / "runner" / "conf" / "train.yaml").exists()
