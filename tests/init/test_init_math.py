@@ -240,3 +240,22 @@ def test_t5_attention_divides_qk_variance_by_sqrt_head_dim():
         l0 = ((b0.q_proj(x) * b0.k_proj(x))[:, :head_dim].sum(-1) / math.sqrt(head_dim)).var()
         l1 = ((b1.q_proj(x) * b1.k_proj(x))[:, :head_dim].sum(-1)).var()
     assert float(l1 / l0) == pytest.approx(1.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("scheme,norm", [("lipschitz", "pre"), ("ds_init", "post"),
+                                         ("deepnorm", "post"), ("tfixup", "none")])
+def test_ntk_parameterization_sees_the_same_effective_weights(scheme, norm):
+    """Under NTK the forward multiplies by 1/sqrt(fan_in): the stored weight times that must have
+    the spread the scheme gives a standard Linear. T-Fixup scales the baseline, which under NTK is
+    N(0, 1/fan_in) rather than Xavier, so only its square matrices (v/out) compare."""
+    std_model, _ = initialized(make_cfg(scheme, norm=norm, dim=128, ffn_dim=256, heads=2), seed=4)
+    ntk_cfg = make_cfg(scheme, norm=norm, dim=128, ffn_dim=256, heads=2)
+    ntk_cfg.model.parameterization = "ntk"
+    ntk_model, _ = initialized(ntk_cfg, seed=4)
+    for a, b in zip(std_model.sublayers(), ntk_model.sublayers()):
+        names = ("fc1", "fc2") if a.kind == "ffn" else ("v_proj", "out_proj")
+        for name in (names if scheme != "tfixup" or a.kind != "ffn" else ()):
+            wa = getattr(a.module.branch, name).weight.detach()
+            lb = getattr(b.module.branch, name)
+            wb = lb.weight.detach() * lb.output_scale
+            assert float(wb.std() / wa.std()) == pytest.approx(1.0, rel=0.05), (scheme, a.name, name)
