@@ -105,8 +105,13 @@ def test_beta2_lr_grid_runs_as_one_job_array_and_reports_15_cells(tmp_path):
 @needs_cli
 def test_requeued_cell_resumes_from_its_checkpoint_with_identical_results(tmp_path):
     """Two identical cells (keep_checkpoints changes nothing but disk use) run side by side;
-    one is requeued with `scontrol requeue` once it has a checkpoint. Slurm kills it and starts
-    it again in the same folder, where the trainer resumes from checkpoint_last.pt."""
+    one is preempted once it has a checkpoint. Preemption is simulated as Slurm delivers it,
+    with USR2: submitit's handler then runs `scontrol requeue` for the job and exits at once,
+    and Slurm starts it again in the same folder, where the trainer resumes from
+    checkpoint_last.pt. (A bare `scontrol requeue` from outside only SIGTERMs the job, which
+    submitit ignores for KillWait seconds, so a run this short would finish first.) With
+    timeout_min <= 10 submitit counts every signal as a timeout, so this also checks that the
+    preset's max_num_timeout allows requeueing (the plugin default 0 does not)."""
     sweep_dir = tmp_path / "requeue"
     driver = _deepinit(sweep_dir, "trainer.keep_checkpoints=1,2", "trainer.max_updates=80",
                        "trainer.save_interval=10", "trainer.valid_interval=40", "warmup=none",
@@ -118,11 +123,11 @@ def test_requeued_cell_resumes_from_its_checkpoint_with_identical_results(tmp_pa
             victim = next(iter(sweep_dir.glob("*keep_checkpoints=2*")), None)
             if victim and (victim / "checkpoint_last.pt").exists() and (victim / "env.json").exists():
                 break
-            time.sleep(0.2)
+            time.sleep(0.1)
         assert victim is not None and driver.poll() is None, "cell never checkpointed"
-        assert not (victim / "result.json").exists(), "cell finished before the requeue"
         job = _array_task_id(json.loads((victim / "env.json").read_text())["slurm_job_id"])
-        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        assert not (victim / "result.json").exists(), "cell finished before the preemption"
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
         out, _ = driver.communicate(timeout=180)
     finally:
         if driver.poll() is None:
