@@ -157,7 +157,7 @@ def find_run_dirs(root: Path) -> list[Path]:
     found = []
     for marker in itertools.chain(root.rglob(".hydra"), root.rglob("result.json")):
         d = marker.parent
-        if ".submitit" in d.relative_to(root).parts or d == root:
+        if ".submitit" in d.relative_to(root).parts:  # root itself may be a single run
             continue
         if _is_run_dir(d):
             found.append(d)
