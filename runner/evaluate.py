@@ -1,0 +1,513 @@
+"""Decoding and scoring: greedy and beam search, checkpoint averaging, `deepinit eval`.
+
+Beam search follows fairseq's SequenceGenerator (methods 2.3: beam 5, lenpen 1):
+- scores are summed log-probabilities; a finished hypothesis is ranked by score / len**lenpen,
+  len counting the final eos;
+- each step takes the 2*beam best (beam, token) candidates of a sentence; an eos among the top
+  `beam` finalises that hypothesis, the first `beam` non-eos candidates continue;
+- a sentence is done once `beam` hypotheses are finalised (fairseq's early stop), or when it
+  reaches its maximum length, where eos is forced;
+- the maximum length is a * src_len + b (src_len counts the source eos), capped by the model's
+  positions; eos is not allowed at the first step (fairseq min_len=1); pad and bos never are.
+
+Decoding is batched over sentences and beams and incremental: each decoder layer caches its
+self-attention keys/values, cross-attention keys/values are computed once per sentence, and
+finished sentences leave the batch, so later steps compute live beams only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from runner import checkpoint as ckpt
+from runner.data.dataset import TokenizedSplit
+
+NEG_INF = float("-inf")
+
+
+# ----------------------------------------------------------------------------- search
+@dataclass
+class Hypotheses:
+    """Best hypothesis per sentence, in the order the sentences were given."""
+
+    tokens: list[list[int]]  # without the final eos
+    scores: list[float]  # normalised: sum of log-probs / (len + 1) ** lenpen
+
+
+def _max_lengths(src_tokens: torch.Tensor, pad: int, max_len_a: float, max_len_b: int,
+                 max_positions: int, batch_max_len: bool) -> torch.Tensor:
+    """Per sentence, the most tokens generated before eos is forced.
+
+    batch_max_len=True reproduces fairseq-generate exactly, whose src_len is the batch's padded
+    width (so the cap depends on the batching); the default uses each sentence's own length,
+    which is what fairseq gives a batch of one, and does not depend on the batching."""
+    if batch_max_len:
+        src_len = torch.full((src_tokens.shape[0],), src_tokens.shape[1], dtype=torch.float64)
+    else:
+        src_len = (src_tokens != pad).sum(1).double().cpu()
+    cap = (max_len_a * src_len + max_len_b).floor().long()
+    # positions 0..max_len are fed to the decoder; at least one real token before eos
+    return cap.clamp(min=1, max=max_positions - 1)
+
+
+def _mask_special(lprobs: torch.Tensor, step: int, force_eos: Optional[torch.Tensor],
+                  pad: int, bos: int, eos: int) -> torch.Tensor:
+    lprobs[:, pad] = NEG_INF
+    lprobs[:, bos] = NEG_INF
+    if step == 0:  # fairseq min_len=1: no empty hypotheses
+        lprobs[:, eos] = NEG_INF
+    if force_eos is not None:
+        eos_col = lprobs[:, eos].clone()
+        lprobs[force_eos] = NEG_INF
+        lprobs[:, eos] = eos_col
+    return lprobs
+
+
+def _cross_caches(model, memory: torch.Tensor, repeat: int) -> list[dict]:
+    """Decoder caches with cross-attention keys/values computed once per sentence and shared
+    by its beams (layout of runner/model/attention.py: cache["cross"] = {"k", "v"})."""
+    caches = []
+    for layer in model.decoder.layers:
+        k, v = layer.cross_attn.branch.project_kv(memory)
+        if repeat > 1:
+            k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
+        caches.append({"self": {}, "cross": {"k": k, "v": v}})
+    return caches
+
+
+def _select(caches: list[dict], rows: torch.Tensor, part: str) -> None:
+    for cache in caches:
+        sub = cache[part]
+        for key, value in sub.items():
+            sub[key] = value.index_select(0, rows)
+
+
+@torch.inference_mode()
+def greedy_search(model, src_tokens: torch.Tensor, pad: int, bos: int, eos: int,
+                  max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0,
+                  batch_max_len: bool = False) -> Hypotheses:
+    """Argmax decoding (equal to beam_search with beam=1, but without candidate bookkeeping)."""
+    model.eval()
+    device = src_tokens.device
+    n = src_tokens.shape[0]
+    has_pad = bool((src_tokens == pad).any())
+    memory, mask = model.encode(src_tokens, has_pad)
+    caches = _cross_caches(model, memory, 1)
+    max_len = _max_lengths(src_tokens, pad, max_len_a, max_len_b, model.cfg.max_positions,
+                           batch_max_len).to(device)
+    longest = int(max_len.max())
+    out = torch.full((n, longest + 1), pad, dtype=torch.long, device=device)
+    score = torch.zeros(n, dtype=torch.float32, device=device)
+    final_len = torch.zeros(n, dtype=torch.long, device=device)
+    alive = torch.arange(n, device=device)  # original index of each live row
+    prev = torch.full((n, 1), eos, dtype=torch.long, device=device)
+    for step in range(longest + 1):
+        logits = model.decode(prev, memory, mask, caches, start=step)[:, -1].float()
+        force = max_len[alive] <= step
+        lprobs = _mask_special(F.log_softmax(logits, -1), step, force if bool(force.any()) else None,
+                               pad, bos, eos)
+        best_lp, tok = lprobs.max(-1)
+        score[alive] += best_lp
+        out[alive, step] = tok
+        done = tok == eos
+        if bool(done.any()):
+            final_len[alive[done]] = step
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            alive, tok = alive[keep], tok[keep]
+            _select(caches, keep, "self")
+            _select(caches, keep, "cross")
+            if mask is not None:
+                mask = mask.index_select(0, keep)
+        prev = tok[:, None]
+    lengths = final_len.tolist()
+    rows = out.tolist()
+    scores = (score / (final_len + 1).double().pow(lenpen).float()).tolist()
+    return Hypotheses([row[:length] for row, length in zip(rows, lengths)], scores)
+
+
+@torch.inference_mode()
+def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, eos: int,
+                lenpen: float = 1.0, max_len_a: float = 0.0, max_len_b: int = 200,
+                batch_max_len: bool = False, use_cache: bool = True) -> Hypotheses:
+    """Batched beam search (see the module docstring). use_cache=False recomputes the whole
+    decoder prefix every step (the slow reference the cache is tested against)."""
+    model.eval()
+    device = src_tokens.device
+    n, k = src_tokens.shape[0], beam
+    has_pad = bool((src_tokens == pad).any())
+    memory, mask = model.encode(src_tokens, has_pad)
+    max_len = _max_lengths(src_tokens, pad, max_len_a, max_len_b, model.cfg.max_positions,
+                           batch_max_len).to(device)
+    longest = int(max_len.max())
+    if mask is not None:
+        mask = mask.repeat_interleave(k, 0)
+    if use_cache:
+        caches = _cross_caches(model, memory, k)
+    else:
+        caches, memory = None, memory.repeat_interleave(k, 0)
+
+    sent = torch.arange(n, device=device)  # original index of each live sentence
+    tokens = torch.full((n * k, longest + 2), eos, dtype=torch.long, device=device)
+    # Only the first beam is live at step 0 (all beams hold the same prefix).
+    scores = torch.full((n, k), NEG_INF, device=device)
+    scores[:, 0] = 0.0
+    scores = scores.view(-1)
+    n_final = torch.zeros(n, dtype=torch.long, device=device)
+    best_score = torch.full((n,), NEG_INF, device=device)
+    best_len = torch.zeros(n, dtype=torch.long, device=device)
+    best_tokens = torch.full((n, longest + 1), pad, dtype=torch.long, device=device)
+    cand_rank = torch.arange(2 * k, device=device)
+
+    for step in range(longest + 1):
+        if use_cache:
+            logits = model.decode(tokens[:, step:step + 1], memory, mask, caches, start=step)
+        else:
+            logits = model.decode(tokens[:, :step + 1], memory, mask)
+        vocab = logits.shape[-1]
+        force = max_len[sent].repeat_interleave(k) <= step
+        lprobs = _mask_special(F.log_softmax(logits[:, -1].float(), -1), step,
+                               force if bool(force.any()) else None, pad, bos, eos)
+        live = sent.shape[0]
+        cand = (scores[:, None] + lprobs).view(live, k * vocab)
+        top_score, top_index = cand.topk(2 * k, dim=1)
+        top_beam = torch.div(top_index, vocab, rounding_mode="floor")
+        top_token = top_index - top_beam * vocab
+        is_eos = (top_token == eos) & torch.isfinite(top_score)
+
+        # Finalise eos among the top `beam` candidates, at most `beam` per sentence.
+        fin = is_eos[:, :k]
+        if bool(fin.any()):
+            accepted = fin & (n_final[:, None] + fin.cumsum(1) <= k)
+            normed = torch.where(accepted, top_score[:, :k] / (step + 1) ** lenpen,
+                                 torch.full_like(top_score[:, :k], NEG_INF))
+            m, arg = normed.max(1)
+            improve = m > best_score[sent]
+            if bool(improve.any()):
+                rows = improve.nonzero().squeeze(1)
+                parent = top_beam[rows, arg[rows]] + rows * k
+                ids = sent[rows]
+                best_score[ids] = m[rows]
+                best_len[ids] = step
+                best_tokens[ids, :step] = tokens[parent, 1:step + 1]
+            n_final += accepted.sum(1)
+        finished = (n_final >= k) | (max_len[sent] <= step)
+
+        # Continue with the first `beam` candidates that are not a finished eos.
+        order = (is_eos.long() * (2 * k) + cand_rank).topk(k, dim=1, largest=False).indices
+        next_beam = top_beam.gather(1, order)
+        next_token = top_token.gather(1, order)
+        next_score = top_score.gather(1, order)
+        base = torch.arange(live, device=device)
+        if bool(finished.any()):
+            keep = (~finished).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            next_beam, next_token, next_score = next_beam[keep], next_token[keep], next_score[keep]
+            sent, n_final, base = sent[keep], n_final[keep], base[keep]
+            sentence_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
+            if mask is not None:
+                mask = mask.index_select(0, sentence_rows)
+            if use_cache:
+                _select(caches, sentence_rows, "cross")
+            else:
+                memory = memory.index_select(0, sentence_rows)
+        parents = (next_beam + base[:, None] * k).view(-1)
+        tokens = tokens.index_select(0, parents)
+        tokens[:, step + 1] = next_token.view(-1)
+        scores = next_score.view(-1)
+        if use_cache:
+            _select(caches, parents, "self")
+
+    lengths = best_len.tolist()
+    rows = best_tokens.tolist()
+    return Hypotheses([row[:length] for row, length in zip(rows, lengths)], best_score.tolist())
+
+
+def generate(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, eos: int,
+             **kwargs) -> Hypotheses:
+    if beam == 1:
+        kwargs.pop("use_cache", None)
+        return greedy_search(model, src_tokens, pad, bos, eos, **kwargs)
+    return beam_search(model, src_tokens, beam, pad, bos, eos, **kwargs)
+
+
+# ----------------------------------------------------------------------------- a whole split
+def decode_batches(split: TokenizedSplit, max_tokens: int, batch_size: int) -> list[np.ndarray]:
+    """Sentences sorted by source length, grouped so rows x longest source <= max_tokens and
+    rows <= batch_size (little padding, and similar lengths finish together)."""
+    lengths = split.src_lengths
+    order = np.argsort(lengths, kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        end = start + 1
+        while (end < len(order) and end - start < batch_size
+               and int(lengths[order[end]]) * (end - start + 1) <= max_tokens):
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+def _src_batch(split: TokenizedSplit, indices: np.ndarray, pad: int) -> torch.Tensor:
+    rows = [split.source(i) for i in indices]
+    out = np.full((len(rows), max(len(r) for r in rows)), pad, dtype=np.int64)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return torch.from_numpy(out)
+
+
+def decode_split(model, split: TokenizedSplit, beam: int = 5, lenpen: float = 1.0,
+                 max_len_a: float = 0.0, max_len_b: int = 200, max_tokens: int = 4096,
+                 batch_size: int = 128, batch_max_len: bool = False,
+                 device: torch.device | str = "cpu", pad: int = 1, bos: int = 0,
+                 eos: int = 2) -> Hypotheses:
+    """Decode every source sentence of `split`; results in the split's order."""
+    tokens: list[Optional[list[int]]] = [None] * len(split)
+    scores = [0.0] * len(split)
+    for indices in decode_batches(split, max_tokens, batch_size):
+        src = _src_batch(split, indices, pad).to(device)
+        hyps = generate(model, src, beam, pad, bos, eos, lenpen=lenpen, max_len_a=max_len_a,
+                        max_len_b=max_len_b, batch_max_len=batch_max_len)
+        for i, toks, score in zip(indices, hyps.tokens, hyps.scores):
+            tokens[i], scores[i] = toks, score
+    return Hypotheses(tokens, scores)  # type: ignore[arg-type]
+
+
+def decode_throughput(model, split: TokenizedSplit, beam: int = 5, max_len_a: float = 1.0,
+                      max_len_b: int = 0, max_tokens: int = 4096, batch_size: int = 128,
+                      batch_max_len: bool = True, lenpen: float = 1.0,
+                      device: torch.device | str = "cpu", repeats: int = 1) -> dict:
+    """Sentences/s decoding `split` (for the benchmark). The defaults mirror the peer's
+    fairseq-generate call (../shared/tools/peer/peer_train_bench.sh: --max-tokens 4096
+    --batch-size 128 --max-len-a 1.0 --max-len-b 0, the cap from the batch's padded width), so
+    an untrained model's output length, and hence the work, is the same on both sides.
+    Returns the median over `repeats` of sentences/s, and generated tokens/s."""
+    model = model.to(device).eval()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        hyps = decode_split(model, split, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
+                            max_len_b=max_len_b, max_tokens=max_tokens, batch_size=batch_size,
+                            batch_max_len=batch_max_len, device=device)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        generated = sum(len(t) + 1 for t in hyps.tokens)
+        runs.append((len(split) / seconds, generated / seconds, seconds))
+    runs.sort()
+    mid = runs[len(runs) // 2]
+    return {"sentences_per_s": mid[0], "tokens_per_s": mid[1], "seconds": mid[2],
+            "sentences": len(split), "beam": beam, "runs": [r[0] for r in runs]}
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
+    """fairseq's scripts/average_checkpoints.py: the mean of every floating-point tensor of the
+    models' state_dicts (accumulated in float64, returned in the tensor's own dtype); other
+    tensors (integer buffers) are taken from the last checkpoint."""
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    sums: dict[str, torch.Tensor] = {}
+    last: dict[str, torch.Tensor] = {}
+    for i, path in enumerate(paths):
+        state = ckpt.load(path, map_location="cpu")
+        model = state["model"] if "model" in state else state
+        if i == 0:
+            keys = list(model)
+        elif set(model) != set(keys):
+            raise ValueError(f"{path}: its parameters differ from {paths[0]}'s")
+        for key, value in model.items():
+            if value.is_floating_point():
+                if i == 0:
+                    sums[key] = value.detach().to(torch.float64).clone()
+                else:
+                    if value.shape != sums[key].shape:
+                        raise ValueError(f"{path}: {key} has shape {tuple(value.shape)}, "
+                                         f"{paths[0]} has {tuple(sums[key].shape)}")
+                    sums[key] += value.detach().to(torch.float64)
+        last = model
+    return {key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value.clone()
+            for key, value in last.items()}
+
+
+class EvalError(ValueError):
+    """Bad input to `deepinit eval`: reported as one line, exit 2."""
+
+
+def select_checkpoints(run_dir: Path, average_last: int) -> list[Path]:
+    """The last `average_last` numbered checkpoints, or checkpoint_last.pt when there are none
+    (or average_last <= 1 asks for no averaging)."""
+    numbered = ckpt.numbered_checkpoints(run_dir)
+    if average_last > 1 and numbered:
+        return numbered[-average_last:]
+    last = run_dir / ckpt.LAST
+    if last.exists():
+        return [last]
+    if numbered:
+        return numbered[-1:]
+    raise EvalError(f"{run_dir}: no checkpoint ({ckpt.LAST} or checkpoint_<step>.pt)")
+
+
+def config_from_dict(config: dict):
+    """The typed Config a checkpoint was trained with (its "config" entry)."""
+    from omegaconf import OmegaConf
+
+    from runner.config import Config
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), config))
+
+
+def load_eval_data(cfg, split: str):
+    """The corpus with the dictionaries the model was trained on: the same deterministic
+    build as training (the toy task from its seed; corpora from the cache), plus `split`."""
+    from runner.data import build_data
+
+    data = build_data(cfg.data)
+    if split not in data.splits and cfg.data.name != "toy":
+        from runner.data.corpus import load_translation_data
+
+        extra = load_translation_data(cfg.data, splits=[split],
+                                      dictionaries=(data.src_dict, data.tgt_dict))
+        data.splits[split] = extra.splits[split]
+        data.references[split] = extra.references[split]
+    if split not in data.splits:
+        raise EvalError(f"unknown split {split!r}: this run's data has "
+                        f"{', '.join(sorted(data.splits))}")
+    return data
+
+
+# ----------------------------------------------------------------------------- deepinit eval
+def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen: float = 1.0,
+                 average_last: int = 10, max_len_a: float = 0.0, max_len_b: int = 200,
+                 max_tokens: int = 4096, batch_size: int = 128, device: str = "cpu",
+                 update_result: bool = True, echo=print) -> dict:
+    """Decode and score one split of a run; writes RUN_DIR/eval/<split>.* and adds the scores
+    to result.json. Returns the eval record (also written to eval/<split>.json)."""
+    from runner.bleu import _detokenize, bleu_scores
+    from runner.model.seq2seq import build_model
+    from runner.train import read_result, write_json
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise EvalError(f"run folder not found: {run_dir}")
+    if beam < 1:
+        raise EvalError(f"--beam {beam}: expected at least 1")
+    paths = select_checkpoints(run_dir, average_last)
+    try:
+        config = ckpt.load(paths[-1])["config"]
+    except Exception as exc:  # unreadable or foreign file
+        raise EvalError(f"{paths[-1]}: not a deepinit checkpoint ({type(exc).__name__}: {exc})")
+    cfg = config_from_dict(config)
+    data = load_eval_data(cfg, split)
+    src_dict, tgt_dict = data.src_dict, data.tgt_dict
+    model = build_model(cfg, len(src_dict), len(tgt_dict), tgt_dict.pad_index)
+    state = average_checkpoints(paths) if len(paths) > 1 else ckpt.load(paths[0])["model"]
+    model.load_state_dict(state)
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    model.to(dev).eval()
+
+    t0 = time.perf_counter()
+    hyps = decode_split(model, data.splits[split], beam=beam, lenpen=lenpen, max_len_a=max_len_a,
+                        max_len_b=max_len_b, max_tokens=max_tokens, batch_size=batch_size,
+                        device=dev, pad=tgt_dict.pad_index, bos=tgt_dict.bos_index,
+                        eos=tgt_dict.eos_index)
+    seconds = time.perf_counter() - t0
+    hyp_text = [tgt_dict.string(t, data.bpe_symbol) for t in hyps.tokens]
+    ref_text = data.references[split]
+    scores = bleu_scores(hyp_text, ref_text, cfg.data.target_lang)
+
+    out = run_dir / "eval"
+    out.mkdir(exist_ok=True)
+    lang = cfg.data.target_lang
+    for name, lines in ((f"{split}.hyp", hyp_text), (f"{split}.ref", ref_text),
+                        (f"{split}.detok.hyp", _detokenize(hyp_text, lang)),
+                        (f"{split}.detok.ref", _detokenize(ref_text, lang))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        tmp.replace(out / name)
+    record = {
+        "split": split, "sentences": len(hyp_text),
+        "bleu": scores["bleu_tokenized"], "sacrebleu": scores["sacrebleu_detok"],
+        "sacrebleu_signature": scores["sacrebleu_signature"],
+        "beam": beam, "lenpen": lenpen, "max_len_a": max_len_a, "max_len_b": max_len_b,
+        "checkpoints": [p.name for p in paths], "averaged": len(paths),
+        "decode_seconds": seconds, "sentences_per_s": len(hyp_text) / max(seconds, 1e-9),
+        "device": str(dev),
+    }
+    write_json(out / f"{split}.json", record)
+    if update_result:
+        result = read_result(run_dir)
+        if result is None:
+            echo(f"note: {run_dir / 'result.json'} missing or unreadable (run unfinished?); "
+                 "scores are in eval/ only")
+        else:
+            evals = dict(result.get("eval") or {})
+            evals[split] = record
+            result["eval"] = evals
+            if split == cfg.data.test_split:  # the headline numbers sweeps rank by
+                result["bleu"] = record["bleu"]
+                result["sacrebleu"] = record["sacrebleu"]
+                result["sacrebleu_signature"] = record["sacrebleu_signature"]
+            write_json(run_dir / "result.json", result)
+    return record
+
+
+def main_eval(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="deepinit eval", description="Decode a split of a run and score it (BLEU).")
+    parser.add_argument("run_dir", help="a run folder (holds checkpoint_*.pt)")
+    parser.add_argument("--split", default="test", help="split name (default: test)")
+    parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5)")
+    parser.add_argument("--lenpen", type=float, default=1.0,
+                        help="length penalty: score / len**lenpen (default 1)")
+    parser.add_argument("--average-last", type=int, default=10,
+                        help="average the last K numbered checkpoints (default 10; 0/1: "
+                             "checkpoint_last.pt)")
+    parser.add_argument("--max-len-a", type=float, default=0.0,
+                        help="max output length = a * source length + b (default a=0)")
+    parser.add_argument("--max-len-b", type=int, default=200, help="(default b=200)")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="source tokens per batch")
+    parser.add_argument("--batch-size", type=int, default=128, help="sentences per batch")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (default cpu)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
+    parser.add_argument("--no-result", action="store_true",
+                        help="do not add the scores to result.json")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed its one-line usage error
+        return 2 if exc.code else 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from runner.config import ConfigError
+    from runner.data.corpus import CorpusError
+
+    try:
+        if args.max_tokens < 1 or args.batch_size < 1:
+            raise EvalError("--max-tokens and --batch-size must be positive")
+        record = evaluate_run(args.run_dir, args.split, args.beam, args.lenpen, args.average_last,
+                              args.max_len_a, args.max_len_b, args.max_tokens, args.batch_size,
+                              args.device, update_result=not args.no_result)
+    except (EvalError, ConfigError, CorpusError) as err:
+        sys.stderr.write(f"deepinit: error: {err}\n")
+        return 2
+    ckpts = record["checkpoints"]
+    used = ckpts[0] if len(ckpts) == 1 else f"average of {len(ckpts)} ({ckpts[0]} .. {ckpts[-1]})"
+    print(f"{args.run_dir} {record['split']}: {record['sentences']} sentences, beam {record['beam']}, "
+          f"lenpen {record['lenpen']}, {used}, {record['sentences_per_s']:.1f} sentences/s")
+    print(f"BLEU (tokenized, the papers' protocol): {record['bleu']:.2f}")
+    print(f"sacreBLEU (detokenized): {record['sacrebleu']:.2f}  {record['sacrebleu_signature']}")
+    print(f"hypotheses: {Path(args.run_dir) / 'eval' / (record['split'] + '.hyp')}")
+    return 0
