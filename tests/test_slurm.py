@@ -30,8 +30,9 @@ def _slurm_ready() -> bool:
     if shutil.which("sinfo") is None:
         return False
     try:
+        # a healthy controller answers at once; a stopped one makes sinfo retry for long
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
-                             timeout=10).stdout
+                             timeout=4).stdout
     except (OSError, subprocess.SubprocessError):
         return False
     return any(s.strip().rstrip("*") in {"idle", "mixed"} for s in out.split())
