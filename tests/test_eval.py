@@ -1,0 +1,100 @@
+"""`deepinit eval` end to end on a small trained toy run: files, both BLEU scores, result.json,
+checkpoint averaging choice, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY, compose, run_cli
+from runner.bleu import tokenized_bleu
+from runner.evaluate import (config_from_dict, decode_throughput, evaluate_run, load_eval_data,
+                             main_eval)
+from runner import checkpoint as ckpt
+from runner.model.seq2seq import build_model
+from runner.train import train
+
+# A reduced toy grammar and a short run: enough for a model whose output overlaps the
+# references (BLEU well above 0) in about 12 s on one core.
+RUN = TINY + ["trainer.max_updates=240", "optim.lr=5e-3", "trainer.keep_checkpoints=3",
+              "trainer.save_interval=20", "trainer.valid_interval=0", "trainer.progress=false",
+              "data.toy.nouns=8", "data.toy.verbs=4", "data.toy.adjectives=4",
+              "data.max_tokens=1024"]
+FAST = ["--max-len-a", "1.2", "--max-len-b", "10"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("evalrun")
+    result = train(compose(RUN), path)
+    assert result["status"] == "ok"
+    return path
+
+
+def test_eval_writes_files_scores_and_result(run_dir, capsys):
+    assert main_eval([str(run_dir), "--beam", "5", "--average-last", "3", *FAST]) == 0
+    out = capsys.readouterr().out
+    assert "BLEU (tokenized" in out and "sacreBLEU (detokenized)" in out and "nrefs:1" in out
+    ev = run_dir / "eval"
+    lines = {name: (ev / name).read_text().splitlines()
+             for name in ("test.hyp", "test.ref", "test.detok.hyp", "test.detok.ref")}
+    assert all(len(v) == 50 for v in lines.values())  # data.toy.test_size=50
+    record = json.loads((ev / "test.json").read_text())
+    # the files are what was scored
+    assert record["bleu"] == pytest.approx(tokenized_bleu(lines["test.hyp"], lines["test.ref"]))
+    assert record["bleu"] > 5.0  # a trained model, not noise
+    assert record["checkpoints"] == [p.name for p in ckpt.numbered_checkpoints(run_dir)]
+    assert record["checkpoints"] == ["checkpoint_200.pt", "checkpoint_220.pt", "checkpoint_240.pt"]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["bleu"] == record["bleu"] and result["sacrebleu"] == record["sacrebleu"]
+    assert result["sacrebleu_signature"].startswith("nrefs:1")
+    assert result["status"] == "ok" and result["updates"] == 240  # training keys kept
+    assert result["eval"]["test"]["beam"] == 5
+
+
+def test_other_split_and_last_checkpoint(run_dir):
+    before = json.loads((run_dir / "result.json").read_text()).get("bleu")
+    record = evaluate_run(run_dir, split="valid", beam=1, average_last=0, max_len_a=1.2,
+                          max_len_b=10, echo=lambda *_: None)
+    assert record["checkpoints"] == ["checkpoint_last.pt"] and record["sentences"] == 50
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["eval"]["valid"]["bleu"] == record["bleu"]
+    assert result.get("bleu") == before  # the headline score is the test split's
+
+
+def test_averaging_changes_the_model(run_dir):
+    from runner.evaluate import average_checkpoints
+
+    paths = ckpt.numbered_checkpoints(run_dir)
+    avg = average_checkpoints(paths)
+    last = ckpt.load(paths[-1])["model"]
+    states = [ckpt.load(p)["model"] for p in paths]
+    key = next(k for k, v in last.items() if v.is_floating_point() and v.dim() == 2)
+    torch.testing.assert_close(avg[key], sum(s[key] for s in states) / 3)
+    assert not torch.equal(avg[key], last[key])
+
+
+def test_decode_throughput(run_dir):
+    state = ckpt.load(run_dir / ckpt.LAST)
+    cfg = config_from_dict(state["config"])
+    data = load_eval_data(cfg, "test")
+    model = build_model(cfg, len(data.src_dict), len(data.tgt_dict), data.tgt_dict.pad_index)
+    model.load_state_dict(state["model"])
+    stats = decode_throughput(model, data.splits["test"], beam=5)
+    assert stats["sentences"] == 50 and stats["sentences_per_s"] > 0 and stats["tokens_per_s"] > 0
+
+
+def test_bad_input_one_line_exit_2(run_dir, tmp_path, capsys):
+    assert main_eval([str(tmp_path / "nope")]) == 2
+    assert main_eval([str(run_dir), "--split", "dev2099"]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main_eval([str(empty)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("deepinit: error:") for line in err)
+    assert "run folder not found" in err[0] and "dev2099" in err[1] and "no checkpoint" in err[2]
+    # the same through the installed command
+    proc = run_cli(["eval", str(tmp_path / "nope")], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
