@@ -1,0 +1,199 @@
+"""`deepinit analyze early-training`: T-Fixup's Figs. 2 and 3a/b (section 3). Over the first K
+updates of training, once with learning-rate warmup and once without (same model, same data
+order, everything else as the configuration says):
+
+  * the encoder input-embedding gradient: dL/dE for the token rows of the batch, through the
+    encoder's lookup only (the table may be tied to the decoder and output projection; their
+    gradient is left out), as a log-scale histogram per update (Fig. 2 left);
+  * the optimizer's update of the input-embedding table, W_after - W_before, non-zero entries,
+    as a log-scale histogram per update (Fig. 2 right);
+  * the average L2 norm (over real target tokens) of the input to the layer norm after each
+    decoder self-attention, i.e. omega*x + alpha*a of that sublayer (Fig. 3a/b). With Pre-LN or
+    no LN this is the residual stream at the same place.
+
+The loop is Trainer's update (same lr schedule, loss, clipping, optimizer and batch order) in
+train mode, without checkpoints or validation."""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from runner.analysis import common
+from runner.analysis.hooks import EncoderEmbeddingGrad, SublayerRecorder
+
+# log10|value| bins of the histograms: T-Fixup's Fig. 2 spans about 1e-12 .. 1.
+BINS = np.linspace(-12.0, 1.0, 66)
+
+
+def _histogram(values: torch.Tensor) -> tuple[list[int], dict]:
+    mags = values.detach().abs().reshape(-1).double()
+    nonzero = mags[mags > 0]
+    logs = torch.log10(nonzero).numpy() if nonzero.numel() else np.zeros(0)
+    counts, _ = np.histogram(np.clip(logs, BINS[0], BINS[-1]), bins=BINS)
+    stats = {"zeros": int(mags.numel() - nonzero.numel()), "count": int(mags.numel())}
+    if nonzero.numel():
+        q = np.quantile(nonzero.numpy(), [0.1, 0.5, 0.9])
+        stats.update(p10=float(q[0]), median=float(q[1]), p90=float(q[2]),
+                     max=float(nonzero.max()), rms=float(mags.pow(2).mean().sqrt()))
+    return counts.tolist(), stats
+
+
+def arm_config(cfg, warmup: int, updates: int):
+    cfg = copy.deepcopy(cfg)
+    cfg.warmup.updates = warmup
+    cfg.trainer.max_updates = max(cfg.trainer.max_updates, warmup, updates)
+    from runner.config import validate
+
+    validate(cfg)
+    return cfg
+
+
+def train_arm(cfg, updates: int) -> dict:
+    """K updates from the configured init; per update the embedding gradient/update histograms
+    and the decoder self-attention LN-input norms (measured in that update's forward)."""
+    from runner.data.batching import collate, filter_by_length, make_batches
+    from runner.optim import build_optimizer, set_lr
+    from runner.schedule import lr_at
+    from runner.train import DataPosition, batch_stream
+
+    model = common.fresh_model(cfg)
+    model.train()
+    data = common.data_for(cfg)
+    split = data.splits[cfg.data.train_split]
+    keep = filter_by_length(split, cfg.data.max_source_positions, cfg.data.max_target_positions)
+    batches = make_batches(split, cfg.data.max_tokens, keep, seed=cfg.trainer.seed)
+    stream = batch_stream(batches, cfg.trainer.seed, DataPosition())
+    optimizer = build_optimizer(model.parameters(), cfg, "cpu")
+    params = [p for p in model.parameters() if p.requires_grad]
+    max_norm = cfg.optim.clip_norm if cfg.optim.clip_norm > 0 else float("inf")
+    table = model.embedding_tables()["encoder"]
+    steps = []
+    for step in range(updates):
+        lr = lr_at(step, cfg)
+        set_lr(optimizer, lr)
+        batch = collate(split, next(stream), data.tgt_dict.pad_index, data.tgt_dict.eos_index)
+        with SublayerRecorder(model, keep=("sum_in",)) as rec, EncoderEmbeddingGrad(model) as emb:
+            loss = common.loss_of(model, cfg, batch)
+            loss.backward()
+        tgt_keep = batch.target != model.pad_index
+        ln_norms = [float(r.sum_in[tgt_keep].norm(dim=-1).mean())
+                    for r in rec.side("decoder") if r.ref.kind == "self_attn"]
+        grad_counts, grad_stats = _histogram(emb.grad_rows)
+        gnorm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        before = table.detach().clone()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        update_counts, update_stats = _histogram(table.detach() - before)
+        steps.append({"step": step + 1, "lr": lr, "loss": float(loss.detach()),
+                      "grad_norm": float(gnorm), "ln_input_norms": ln_norms,
+                      "embedding_grad": grad_stats, "embedding_grad_hist": grad_counts,
+                      "adam_update": update_stats, "adam_update_hist": update_counts})
+        if not math.isfinite(steps[-1]["loss"]):
+            break
+    return {"steps": steps}
+
+
+def run(settings: list[common.Setting], updates: int, warmup_updates: int,
+        progress=None) -> dict:
+    out = {"updates": updates, "warmup_updates": warmup_updates, "bins_log10": BINS.tolist(),
+           "settings": []}
+    for setting in settings:
+        base = common.for_depth(setting, [])
+        entry = {"label": setting.label, "overrides": setting.overrides, "arms": {}}
+        for arm, warmup in (("warmup", warmup_updates), ("no_warmup", 0)):
+            cfg = arm_config(base, warmup, updates)
+            entry["arms"][arm] = {"warmup_updates": warmup, "peak_lr": cfg.optim.lr,
+                                  **train_arm(cfg, updates)}
+            if progress:
+                progress(f"{setting.label} {arm}")
+        out["settings"].append(entry)
+    return out
+
+
+ARMS = ("warmup", "no_warmup")
+
+
+def plot_histograms(result: dict, path: Path) -> None:
+    plt = common.pyplot()
+    n = len(result["settings"])
+    fig, axes = plt.subplots(2 * n, 2, figsize=(10, 3.0 * 2 * n), squeeze=False)
+    bins = np.array(result["bins_log10"])
+    for s, entry in enumerate(result["settings"]):
+        for a, arm in enumerate(ARMS):
+            steps = entry["arms"][arm]["steps"]
+            for c, (key, title) in enumerate((("embedding_grad_hist", "input-embedding gradient"),
+                                              ("adam_update_hist", "optimizer update"))):
+                ax = axes[2 * s + a][c]
+                counts = np.array([st[key] for st in steps], dtype=float).T
+                ax.imshow(np.log1p(counts), aspect="auto", origin="lower", cmap="magma",
+                          extent=(0.5, len(steps) + 0.5, bins[0], bins[-1]))
+                ax.set_title(f"{entry['label']}, {arm.replace('_', ' ')}: {title}", fontsize=8)
+                ax.set_xlabel("update", fontsize=8)
+                ax.set_ylabel("log10 |value|", fontsize=8)
+    fig.suptitle("Encoder input embeddings over the first updates (T-Fixup Fig. 2)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=70)
+    plt.close(fig)
+
+
+def plot_ln_norms(result: dict, path: Path) -> None:
+    plt = common.pyplot()
+    n = len(result["settings"])
+    fig, axes = plt.subplots(n, 2, figsize=(10, 3.2 * n), squeeze=False, sharey="row")
+    for row_axes, entry in zip(axes, result["settings"]):
+        for ax, arm in zip(row_axes, ARMS):
+            steps = entry["arms"][arm]["steps"]
+            norms = np.array([st["ln_input_norms"] for st in steps])
+            for layer in range(norms.shape[1]):
+                ax.plot(range(1, len(steps) + 1), norms[:, layer], label=f"layer {layer + 1}")
+            ax.set_title(f"{entry['label']}, {arm.replace('_', ' ')}", fontsize=9)
+            ax.set_xlabel("update", fontsize=8)
+            ax.set_ylabel("‖LN input‖₂ after dec. self-attn", fontsize=8)
+            ax.grid(alpha=0.3)
+        row_axes[1].legend(fontsize=6, ncol=2)
+    fig.suptitle("Decoder LN-input norms over the first updates (T-Fixup Fig. 3a/b)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=70)
+    plt.close(fig)
+
+
+def arm_summary(arm: dict) -> dict:
+    steps = arm["steps"]
+    first, last = steps[0], steps[-1]
+    return {
+        "grad_median_first": first["embedding_grad"].get("median"),
+        "grad_median_last": last["embedding_grad"].get("median"),
+        "update_median_first": first["adam_update"].get("median"),
+        "update_median_max": max((st["adam_update"]["median"] for st in steps
+                                  if "median" in st["adam_update"]), default=None),
+        "ln_norm_first": first["ln_input_norms"], "ln_norm_last": last["ln_input_norms"],
+        "loss_first": first["loss"], "loss_last": last["loss"],
+    }
+
+
+def _e(value) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def summary(result: dict):
+    from rich.table import Table
+
+    table = Table(title=f"first {result['updates']} updates (medians of |value|; LN norm of the "
+                        "top decoder layer)", title_justify="left")
+    for col in ("config", "arm", "emb. grad first→last", "update first / max", "LN norm first→last",
+                "loss first→last"):
+        table.add_column(col)
+    for entry in result["settings"]:
+        for arm in ARMS:
+            s = arm_summary(entry["arms"][arm])
+            entry["arms"][arm]["summary"] = s
+            table.add_row(entry["label"], arm,
+                          f"{_e(s['grad_median_first'])} → {_e(s['grad_median_last'])}",
+                          f"{_e(s['update_median_first'])} / {_e(s['update_median_max'])}",
+                          f"{s['ln_norm_first'][-1]:.2f} → {s['ln_norm_last'][-1]:.2f}",
+                          f"{s['loss_first']:.2f} → {s['loss_last']:.2f}")
+    return [table]

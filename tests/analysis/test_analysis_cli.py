@@ -1,0 +1,63 @@
+"""`deepinit analyze` end to end: a finished run folder's checkpoints, files written, user
+errors exit 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY, run_cli
+from runner.analysis import main_analyze
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_dependency_on_a_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["train", *TINY, "trainer.keep_checkpoints=2", f"hydra.run.dir={run_dir}"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "dep"
+    proc = run_cli(["analyze", "dependency", str(run_dir), "--out", str(out), "--threads", "1",
+                    "--sentences", "8"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "dependency.json").read_text())
+    (entry,) = result["settings"]
+    assert [s["stage"] for s in entry["stages"]] == ["init", "update 10", "update 20"]
+    assert (out / "dependency.png").stat().st_size > 1000
+    assert "layer dependency" in proc.stdout
+    betas = [s["encoder"]["beta"] for s in entry["stages"]]
+    assert betas[0] != betas[2]  # training moved the dependencies
+
+
+def test_output_change_command(tmp_path, capsys):
+    out = tmp_path / "oc"
+    code = main_analyze(["output-change", "--config", "norm=post", "--config", "norm=pre",
+                         "--depths", "1,2", "--seeds", "1", "--sentences", "4", "--out", str(out),
+                         "model=ci"])
+    assert code == 0
+    assert "least-squares fits" in capsys.readouterr().out
+    result = json.loads((out / "output_change.json").read_text())
+    assert [e["label"] for e in result["settings"]] == ["norm=post", "norm=pre"]
+    assert result["command"][:3] == ["deepinit", "analyze", "output-change"]
+    assert (out / "output_change.png").is_file()
+
+
+@pytest.mark.parametrize("args", [
+    ["grad-norms", "--config", "norm=sideways", "model=ci"],
+    ["grad-norms", "model=ci", "not-an-override"],
+    ["grad-norms", "model=ci", "model.nonsense=1"],
+    ["output-change", "--depths", "2,x", "model=ci"],
+    ["dependency", "--config", "norm=post init=rezero", "model=ci"],
+])
+def test_user_errors_exit_2(tmp_path, capsys, args):
+    assert main_analyze([*args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("deepinit: error:") and "Traceback" not in err, err
