@@ -21,7 +21,8 @@ $(BIN)/python:
 
 setup: $(BIN)/python
 	$(BIN)/python -m pip install "$(TORCH)"
-	$(BIN)/python -m pip install -e ".[dev]"
+	# compat editable mode: Hydra's plugin scan must see hydra_plugins/ (the local launcher)
+	$(BIN)/python -m pip install -e ".[dev]" --config-settings editable_mode=compat
 
 test:
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import sys
 import traceback
@@ -22,9 +23,7 @@ from omegaconf import DictConfig
 
 from runner.config import ConfigError, register_schemas
 
-# Flags that are not overrides and take no value / one value (Hydra's own argv).
-_FLAGS_NO_VALUE = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--version", "--resolve",
-                   "--run", "-r", "--shell-completion", "-sc"}
+# Hydra flags that take a value (the rest of its flags take none).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
                      "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 # Overrides that do not change a run's result stay out of folder names (see conf/train.yaml).
@@ -43,19 +42,17 @@ def config_dir() -> str:
     raise SystemExit("deepinit: cannot find its conf/ folder (broken install?)")
 
 
-def _overrides(args: list[str]) -> list[str]:
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
+def split_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra flags with their values, overrides)."""
+    flags, overrides, it = [], [], iter(args)
+    for arg in it:
         if arg in _FLAGS_WITH_VALUE:
-            skip = True
-            continue
-        if arg.startswith("-"):
-            continue
-        out.append(arg)
-    return out
+            flags += [arg, next(it, "")]
+        elif arg.startswith("-"):
+            flags.append(arg)
+        else:
+            overrides.append(arg)
+    return flags, overrides
 
 
 def folder_name(overrides: list[str], default: str) -> str:
@@ -69,15 +66,16 @@ def folder_name(overrides: list[str], default: str) -> str:
 
 
 def with_output_dirs(args: list[str]) -> list[str]:
-    overrides = _overrides(args)
-    multirun = "-m" in args or "--multirun" in args
+    """Flags first, then overrides: argparse takes the overrides as one trailing list."""
+    flags, overrides = split_args(args)
+    multirun = "-m" in flags or "--multirun" in flags
     given = {o.split("=", 1)[0] for o in overrides}
     extra = []
     if multirun and "hydra.sweep.dir" not in given:
         extra.append(f"hydra.sweep.dir='outputs/multirun/{folder_name(overrides, 'default')}'")
     if not multirun and "hydra.run.dir" not in given:
         extra.append(f"hydra.run.dir='outputs/runs/{folder_name(overrides, 'default')}'")
-    return args + extra
+    return flags + overrides + extra
 
 
 def run_task(cfg: DictConfig) -> None:
@@ -90,6 +88,11 @@ def run_task(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "WORLD_SIZE" not in os.environ:
+        # A multi-task SLURM cell (tasks_per_node=trainer.devices): each task is one DDP rank.
+        import submitit
+
+        submitit.helpers.TorchDistributedEnvironment().export()
     multirun = hc.mode.name == "MULTIRUN"
     from runner.data.corpus import CorpusError
 

@@ -79,6 +79,7 @@ def environment(device: torch.device, precision: str) -> dict[str, Any]:
         "threads": torch.get_num_threads(), "hostname": socket.gethostname(),
         "git_commit": git_commit(), "platform": platform.platform(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
     return env
 
@@ -152,6 +153,18 @@ class Trainer:
         if t.threads:
             torch.set_num_threads(t.threads)
         self.device = resolve_device(t.device)
+        # DDP: one process per device, started by torchrun, submitit tasks or train() itself.
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.main = self.rank == 0
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if self.device.type == "cuda":
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+                torch.cuda.set_device(self.device)
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.precision = resolve_precision(t.precision, self.device)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
@@ -182,14 +195,25 @@ class Trainer:
         self.stream = batch_stream(self.batches, t.seed, self.state.pos)
 
     # ---- batches
-    def _next_batches(self) -> list[Batch]:
-        out = []
+    def _next_batches(self) -> tuple[list[Batch], int]:
+        """This rank's micro-batches of one update and the update's target tokens over all
+        ranks (every rank knows every batch's lengths, so no communication is needed)."""
+        out, global_tokens = [], 0
         for _ in range(self.cfg.trainer.update_freq):
-            batch = collate(self.train_split, next(self.stream), self.pad, self.eos)
+            group = [next(self.stream) for _ in range(self.world)]  # rank r takes group[r]
+            global_tokens += int(sum(self.train_split.tgt_lengths[g].sum() for g in group))
+            batch = collate(self.train_split, group[self.rank], self.pad, self.eos)
             if self.device.type == "cuda":
                 batch = batch.pin_memory()
             out.append(batch.to(self.device, non_blocking=True))
-        return out
+        return out, global_tokens
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return tensor
 
     def autocast(self):
         if self.amp_dtype is None:
@@ -207,10 +231,20 @@ class Trainer:
     def build_optimizer(self):
         self.optimizer = build_optimizer(self.model.parameters(), self.cfg, self.device.type)
         self.forward = self.model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            self.forward = self.ddp
         if self.cfg.trainer.compile:
+            import torch._dynamo
+
+            # Compilation is an optimisation: a graph that fails to compile runs eagerly.
+            torch._dynamo.config.suppress_errors = True
             try:
-                self.forward = torch.compile(self.model)
-            except Exception as exc:  # compile is an optimisation: fall back, say so
+                self.forward = torch.compile(self.forward)
+            except Exception as exc:
                 log.warning("torch.compile failed (%s); running eagerly", exc)
 
     def state_dict(self) -> dict:
@@ -253,7 +287,7 @@ class Trainer:
         self.model.eval()
         loss_sum = nll_sum = 0.0
         tokens = 0
-        for indices in self.valid_batches:
+        for indices in self.valid_batches[self.rank::self.world]:
             batch = collate(self.valid_split, indices, self.pad, self.eos).to(self.device)
             with self.autocast():
                 logits = self.model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
@@ -262,6 +296,10 @@ class Trainer:
             nll_sum += float(nll)
             tokens += batch.ntokens
         self.model.train()
+        if self.world > 1:
+            sums = self.all_reduce(torch.tensor([loss_sum, nll_sum, tokens], dtype=torch.float64,
+                                                device=self.device))
+            loss_sum, nll_sum, tokens = sums.tolist()
         loss, nll = loss_sum / max(tokens, 1), nll_sum / max(tokens, 1)
         return {"loss": loss, "nll_loss": nll, "ppl": math.exp(min(nll, 50.0))}
 
@@ -277,24 +315,27 @@ class Trainer:
             log.info("resumed from %s at update %d", last, self.state.step)
         else:
             report = self.initialize()
-            write_json(run_dir / "init.json", report)
+            if self.main:
+                write_json(run_dir / "init.json", report)
             self.build_optimizer()
         n_params = sum(p.numel() for p in self.model.parameters())
-        write_json(run_dir / "env.json", {**environment(self.device, self.precision),
-                                          "parameters": n_params, "data": self.data_stats})
+        if self.main:
+            write_json(run_dir / "env.json", {**environment(self.device, self.precision),
+                                              "parameters": n_params, "data": self.data_stats,
+                                              "world_size": self.world})
         log.info("model: %s params, %d+%d layers, norm=%s, init=%s, optim=%s; data: %s",
                  f"{n_params:,}", cfg.model.num_encoder_layers, cfg.model.num_decoder_layers,
                  cfg.norm.placement, cfg.init.name, cfg.optim.name, self.data_stats)
 
-        if resumed:
+        if resumed and self.main:
             truncate_metrics(run_dir / "metrics.jsonl", self.state.step)
         writer = None
-        if t.tensorboard:
+        if t.tensorboard and self.main:
             from torch.utils.tensorboard import SummaryWriter
 
             # purge_step drops events a killed attempt wrote after its last checkpoint.
             writer = SummaryWriter(log_dir=str(run_dir), purge_step=self.state.step + 1 if resumed else None)
-        metrics = open(run_dir / "metrics.jsonl", "a")
+        metrics = open(run_dir / "metrics.jsonl", "a") if self.main else None
         s = self.state
         status, reason, diverged_step = "ok", None, None
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -311,21 +352,24 @@ class Trainer:
         nonfinite = torch.zeros((), dtype=torch.bool, device=dev)
 
         self.model.train()
-        with progress_bar(t.progress) as progress:
+        with progress_bar(t.progress if self.main else False) as progress:
             task = progress.add_task("train", total=t.max_updates, completed=s.step, loss="-",
                                      lr="-", tps="-")
             while s.step < t.max_updates and (t.max_epochs == 0 or s.pos.epoch <= t.max_epochs):
                 tick = time.perf_counter()
                 lr = lr_at(s.step, cfg)
                 set_lr(self.optimizer, lr)
-                batches = self._next_batches()
-                ntokens = sum(b.ntokens for b in batches)
+                batches, ntokens = self._next_batches()
                 update_loss = torch.zeros((), device=dev)
-                for batch in batches:
-                    with self.autocast():
-                        logits = self.forward(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
-                    loss, nll = label_smoothed_nll(logits, batch.target, t.label_smoothing, self.pad)
-                    self.scaler.scale(loss / ntokens).backward()
+                for i, batch in enumerate(batches):
+                    # DDP averages gradients over ranks; scaling by world/ntokens makes the
+                    # result sum(loss)/ntokens over the global batch, as in one process.
+                    sync = self.world == 1 or i == len(batches) - 1
+                    with nullcontext() if sync else self.ddp.no_sync():
+                        with self.autocast():
+                            logits = self.forward(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
+                        loss, nll = label_smoothed_nll(logits, batch.target, t.label_smoothing, self.pad)
+                        self.scaler.scale(loss * (self.world / ntokens)).backward()
                     update_loss += loss.detach()
                     window_nll += nll.detach()
                 self.scaler.unscale_(self.optimizer)
@@ -337,7 +381,8 @@ class Trainer:
                 if self.on_update is not None:
                     self.on_update(self.model, s.step)
 
-                per_token = update_loss / ntokens
+                # Per-token loss of this rank's share (ranks agree at check steps, below).
+                per_token = update_loss * (self.world / ntokens)
                 window_loss += update_loss
                 window_gnorm += gnorm.detach().float()
                 nonfinite |= ~torch.isfinite(per_token)
@@ -354,6 +399,9 @@ class Trainer:
                 at_log = s.step % t.log_interval == 0 or s.step == t.max_updates
                 at_check = at_log or s.step % t.divergence.check_interval == 0
                 if at_check:
+                    if self.world > 1:
+                        flags = self.all_reduce(torch.stack([nonfinite.float(), max_streak]), "max")
+                        nonfinite, max_streak = flags[0] > 0, flags[1]
                     if bool(nonfinite):
                         status, reason, diverged_step = "diverged", "non-finite loss (nan/inf)", s.step
                     elif float(max_streak) >= patience:
@@ -361,10 +409,11 @@ class Trainer:
                         reason = f"loss above {bound} for {patience} consecutive updates"
                     s.bad_streak = float(streak)
                 if at_log or status != "ok":
-                    train_loss = float(window_loss) / max(window_tokens, 1)
+                    sums = self.all_reduce(torch.stack([window_loss, window_nll]))
+                    train_loss = float(sums[0]) / max(window_tokens, 1)
                     record = {
                         "split": "train", "step": s.step, "epoch": s.pos.epoch,
-                        "loss": train_loss, "nll_loss": float(window_nll) / max(window_tokens, 1),
+                        "loss": train_loss, "nll_loss": float(sums[1]) / max(window_tokens, 1),
                         "lr": lr, "grad_norm": float(window_gnorm) / max(window_updates, 1),
                         "tokens_per_s": window_tokens / max(window_time, 1e-9),
                         "wall_s": s.wall_before + time.time() - self.t0,
@@ -386,11 +435,12 @@ class Trainer:
                 if (t.valid_interval and s.step % t.valid_interval == 0) or done:
                     self._validate_and_log(metrics, writer, lr)
                 if (t.save_interval and s.step % t.save_interval == 0) or done:
-                    ckpt.save(run_dir, self.state_dict(), s.step, t.keep_checkpoints)
+                    self.save_checkpoint()
             if status == "ok" and s.step < t.max_updates:  # stopped by max_epochs
                 self._validate_and_log(metrics, writer, lr_at(s.step, cfg))
-                ckpt.save(run_dir, self.state_dict(), s.step, t.keep_checkpoints)
-        metrics.close()
+                self.save_checkpoint()
+        if metrics is not None:
+            metrics.close()
         if writer is not None:
             writer.close()
 
@@ -409,6 +459,15 @@ class Trainer:
         }
         return result
 
+    def save_checkpoint(self) -> None:
+        if self.main:
+            ckpt.save(self.run_dir, self.state_dict(), self.state.step,
+                      self.cfg.trainer.keep_checkpoints)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
     def _validate_and_log(self, metrics, writer, lr: float) -> None:
         s = self.state
         valid = self.validate()
@@ -422,6 +481,8 @@ class Trainer:
 
     @staticmethod
     def _emit(metrics, writer, record: dict) -> None:
+        if metrics is None:  # not the main rank
+            return
         metrics.write(json.dumps(record) + "\n")
         metrics.flush()
         if writer is not None:
@@ -446,8 +507,47 @@ def train(cfg, run_dir: Path) -> dict:
         log.info("run already finished (%s): %s", previous["status"], run_dir / "result.json")
         console.print(summary_table(previous, str(run_dir)))
         return previous
+    if cfg.trainer.devices > 1 and "WORLD_SIZE" not in os.environ:
+        return spawn_ddp(cfg, run_dir)
     trainer = Trainer(cfg, run_dir)
     result = trainer.run()
-    write_json(run_dir / "result.json", result)
-    console.print(summary_table(result, str(run_dir)))
+    result["world_size"] = trainer.world
+    if trainer.main:
+        write_json(run_dir / "result.json", result)
+        console.print(summary_table(result, str(run_dir)))
+    if trainer.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
     return result
+
+
+def _ddp_worker(rank: int, world: int, port: int, cfg, run_dir: Path) -> None:
+    import logging
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if rank == 0:  # a spawned interpreter has no Hydra logging: log to train.log directly
+        handler = logging.FileHandler(run_dir / "train.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logging.getLogger().addHandler(handler)
+        logging.getLogger().setLevel(logging.INFO)
+    train(cfg, run_dir)
+
+
+def spawn_ddp(cfg, run_dir: Path) -> dict:
+    """trainer.devices=N without a launcher: start N local processes (gloo on CPU, NCCL on
+    CUDA) and return rank 0's result."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    if resolve_device(cfg.trainer.device).type == "cuda" and torch.cuda.device_count() < cfg.trainer.devices:
+        raise ConfigError(f"trainer.devices={cfg.trainer.devices} but only "
+                          f"{torch.cuda.device_count()} CUDA devices are visible")
+    mp.spawn(_ddp_worker, args=(cfg.trainer.devices, port, cfg, run_dir), nprocs=cfg.trainer.devices)
+    return read_result(run_dir)

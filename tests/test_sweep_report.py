@@ -36,7 +36,7 @@ def grid(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def faceted(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("methods") / "sweep"
-    run_sweep(d, "+sweep=beta2_lr", "+sweep/method=post_ln,pre_ln", "optim.lr=1e-4,3e-4",
+    run_sweep(d, "+sweep=beta2_lr", "method=post_ln,pre_ln", "optim.lr=1e-4,3e-4",
               "optim.beta2=0.99,0.999")
     return d
 
@@ -119,10 +119,10 @@ def test_methods_are_the_scientific_axis_with_one_heatmap_each(faceted, tmp_path
     sweep = load_sweep(faceted)
     assert sweep.counts()["total"] == 8
     # norm and init follow from the method, so they are not separate axes
-    assert sweep.scientific == ["sweep/method"]
+    assert sweep.scientific == ["method"]
     rows = isolation_rows(sweep)
-    assert [r["scientific"]["sweep/method"] for r in rows] == ["post_ln", "pre_ln"]
-    norms = {c.choices["sweep/method"]: c.config["norm"]["placement"] for c in sweep.cells}
+    assert [r["scientific"]["method"] for r in rows] == ["post_ln", "pre_ln"]
+    norms = {c.choices["method"]: c.config["norm"]["placement"] for c in sweep.cells}
     assert norms == {"post_ln": "post", "pre_ln": "pre"}
     assert main_report([str(faceted), "--out", str(tmp_path)]) == 0
     heatmaps = sorted(p.name for p in tmp_path.glob("heatmap*.png"))

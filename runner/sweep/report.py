@@ -83,7 +83,7 @@ class Sweep:
 
 
 def _key(override: str) -> str:
-    """The axis an override sets: `+sweep/method=admin` -> `sweep/method`."""
+    """The axis an override sets: `method=admin` -> `method`."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
@@ -247,13 +247,13 @@ def load_sweep(root: Path | str, scientific: Optional[Sequence[str]] = None,
             k = _key(o)
             if k not in varying and k != "sweep" and len({axis_value(x, k) for x in cells}) > 1:
                 varying.append(k)
-    # declared axes that vary without being overridden directly (e.g. norm via +sweep/method)
+    # declared axes that vary without being overridden directly (e.g. norm via method)
     for k in sci_decl + nui_decl:
         if k not in varying and len({axis_value(x, k) for x in cells}) > 1:
             varying.append(k)
     nui = [k for k in nui_decl if k in varying]
     sci = [k for k in varying if k not in nui]
-    # drop scientific axes that are fully determined by another (norm, init follow sweep/method)
+    # drop scientific axes that are fully determined by another (norm, init follow method)
     sci = [k for k in sci if not _determined_by_other(cells, k, [a for a in sci if a != k])]
     return Sweep(root=root, cells=sorted(cells, key=lambda c: _sort_key(c, sci + nui)),
                  scientific=sci, nuisance=nui, name=name)
