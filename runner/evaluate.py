@@ -62,6 +62,7 @@ def _max_lengths(src_tokens: torch.Tensor, pad: int, max_len_a: float, max_len_b
 
 def _mask_special(lprobs: torch.Tensor, step: int, force_eos: Optional[torch.Tensor],
                   pad: int, bos: int, eos: int) -> torch.Tensor:
+    """In place on (rows, vocab) scores: never pad or bos, no eos first, eos where forced."""
     lprobs[:, pad] = NEG_INF
     lprobs[:, bos] = NEG_INF
     if step == 0:  # fairseq min_len=1: no empty hypotheses
@@ -176,11 +177,12 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
         else:
             logits = model.decode(tokens[:, :step + 1], memory, mask)
         vocab = logits.shape[-1]
+        # (torch.logsumexp is many times slower than the fused log_softmax kernel on CPU)
+        cand = F.log_softmax(logits[:, -1].float(), -1).add_(scores[:, None])
         force = max_len[sent].repeat_interleave(k) <= step
-        lprobs = _mask_special(F.log_softmax(logits[:, -1].float(), -1), step,
-                               force if bool(force.any()) else None, pad, bos, eos)
+        cand = _mask_special(cand, step, force if bool(force.any()) else None, pad, bos, eos)
         live = sent.shape[0]
-        cand = (scores[:, None] + lprobs).view(live, k * vocab)
+        cand = cand.view(live, k * vocab)
         top_score, top_index = cand.topk(2 * k, dim=1)
         top_beam = torch.div(top_index, vocab, rounding_mode="floor")
         top_token = top_index - top_beam * vocab
