@@ -35,3 +35,18 @@ train:
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache
+
+# Benchmarks (docs/performance.md). BENCH_ARGS passes options and overrides to deepinit bench,
+# e.g. make bench BENCH_ARGS="--presets small --depths"; THREADS sets torch's CPU threads.
+.PHONY: bench bench-peer
+THREADS ?= 0
+PEER_TOOLS ?= ../shared/tools/peer
+BENCH_ARGS ?=
+
+bench:
+	$(BIN)/deepinit bench --threads $(THREADS) $(BENCH_ARGS)
+
+# fairseq in its own venv outside the repo (first run compiles, ~5 min), then both alternating.
+bench-peer:
+	bash $(PEER_TOOLS)/peer_setup.sh
+	$(BIN)/deepinit bench --peer --threads $(if $(filter 0,$(THREADS)),2,$(THREADS)) --peer-tools $(PEER_TOOLS) $(BENCH_ARGS)

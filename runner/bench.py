@@ -1,0 +1,728 @@
+"""deepinit bench: training and decoding throughput, memory and MFU; depth scaling; fairseq side by side.
+
+Every measurement trains with the real `Trainer` (runner/train.py) in a fresh child process
+(clean peak memory, no state carried between entries) on the peer's training stream: the
+IWSLT'14 de-en sentences that ../shared/tools/peer/peer_train_bench.sh gives fairseq (valid +
+test lines 501.., decoding on test lines 1..500), with the peer's vocabularies (all types, or
+the 1000 most frequent per side). Without that data, Zipf text with IWSLT-like lengths is used.
+
+    deepinit bench                        presets tiny, small, ci (+ base on CUDA) and depth scaling
+    deepinit bench --quick                a few updates of everything (smoke test)
+    deepinit bench --peer                 deepinit and fairseq alternating, with ratios (make bench-peer)
+
+Throughput counts target tokens (eos included, padding not) per second of wall clock between
+log records, after the warm-up updates, as fairseq's wps meter does.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+IWSLT_DIR = REPO.parent / "shared" / "data" / "iwslt14-de-en-fairseq"
+PEER_TOOLS = REPO.parent / "shared" / "tools" / "peer"
+DECODE_SENTENCES = 500  # the peer decodes test lines 1..500
+
+# The fairseq IWSLT'14 recipe the peer trains with (peer_train_bench.sh COMMON): Adam
+# (0.9, 0.98), lr 5e-4, inverse_sqrt with 4000 warm-up updates, dropout 0.3, weight decay 1e-4,
+# no clipping, label smoothing 0.1, decoder input/output embeddings shared, separate
+# dictionaries. Only the model shape and batch size differ between entries.
+RECIPE = ["optim=adam", "optim.lr=5e-4", "optim.beta1=0.9", "optim.beta2=0.98",
+          "optim.weight_decay=0.0001", "optim.clip_norm=0", "trainer.label_smoothing=0.1",
+          "schedule=inverse_sqrt", "model.dropout=0.3", "model.attention_dropout=0",
+          "model.activation_dropout=0", "model.share_embeddings=decoder_io",
+          "data.joined_dictionary=false"]
+
+# name -> (model overrides, vocabulary per side (None: every type), max tokens per batch)
+PRESETS: dict[str, tuple[list[str], Optional[int], int]] = {
+    "tiny": (["model=tiny"], 1000, 2048),
+    "small": (["model=small"], None, 4096),  # fairseq transformer_iwslt_de_en
+    "ci": (["model=ci"], 1000, 2048),
+    # CUDA only: the WMT base shape with GPU-sized batches
+    "base": (["model=base"], None, 16384),
+}
+# The peer's two configurations (peer_train_bench.sh `config`): deepinit name -> peer name.
+PEER_CONFIGS = {"small": "iwslt", "tiny-peer": "tiny"}
+PRESETS["tiny-peer"] = (["model=tiny", "model.dim=128", "model.ffn_dim=256", "model.heads=4",
+                         "model.layers=2"], 1000, 2048)
+# Updates: warm-up, per timed window, windows. The peer's runs: iwslt 3 + 15, tiny 20 + 150.
+SCHEDULE = {"small": (3, 5, 3), "base": (30, 20, 3), "tiny-peer": (20, 50, 3)}
+PEER_SCHEDULE = {"small": (3, 15, 1), "tiny-peer": (20, 150, 1)}
+DEFAULT_SCHEDULE = (10, 20, 3)
+
+# bf16 dense tensor-core peaks from NVIDIA's datasheets, TFLOP/s (no sparsity).
+CUDA_BF16_PEAK_TFLOPS = {"H100 SXM": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
+                         "H200": 989.4, "GH200": 989.4, "A100": 312.0, "L40S": 362.0,
+                         "L4": 121.0, "A10": 125.0}
+
+
+# ----------------------------------------------------------------------------- entries
+@dataclass
+class Entry:
+    """One measurement, run in its own process."""
+
+    name: str
+    group: str  # preset | depth | peer
+    overrides: list[str]
+    vocab: Optional[int]
+    max_tokens: int
+    warmup: int
+    steps: int  # updates per timed window
+    windows: int
+    decode: int = 0  # test sentences to decode (beam 5 and greedy); 0 = none
+    threads: int = 0
+    device: str = "auto"
+    compile: bool = False
+    layers: Optional[int] = None
+    checkpointing: Optional[bool] = None
+    extra: dict = field(default_factory=dict)
+
+
+def preset_entry(name: str, args, peer: bool = False) -> Entry:
+    model, vocab, max_tokens = PRESETS[name]
+    warmup, steps, windows = (PEER_SCHEDULE if peer else SCHEDULE).get(name, DEFAULT_SCHEDULE)
+    if args.quick:
+        warmup, steps, windows = 2, 2, 2
+    if args.warmup is not None:
+        warmup = args.warmup
+    if args.steps is not None:
+        steps = args.steps
+    if args.windows is not None:
+        windows = args.windows
+    return Entry(name, "peer" if peer else "preset", RECIPE + model + list(args.override), vocab,
+                 max_tokens, warmup, steps, windows,
+                 decode=0 if args.no_decode else args.decode_sentences,
+                 threads=args.threads, device=args.device, compile=args.compile_on)
+
+
+def depth_entry(layers: int, checkpointing: bool, args) -> Entry:
+    # T-Fixup's ultra-deep width without any norm (methods 3.2: norm=none, no warmup).
+    model = ["model=ultradeep", f"model.layers={layers}", "norm=none", "init=tfixup",
+             "warmup=none", f"model.activation_checkpointing={str(checkpointing).lower()}"]
+    warmup, steps = (1, 1) if args.quick else (1, 3)
+    return Entry(f"depth-{layers}{'-ckpt' if checkpointing else ''}", "depth",
+                 RECIPE + model + list(args.override), 1000, args.depth_max_tokens, warmup,
+                 steps, 1, threads=args.threads, device=args.device, layers=layers,
+                 checkpointing=checkpointing)
+
+
+# ----------------------------------------------------------------------------- data
+def _read_gz(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def _synthetic_text(seed: int = 1234) -> dict[str, tuple[list[str], list[str]]]:
+    """Zipf(1) words over 8000 types per side, lognormal lengths with IWSLT'14's mean (~23
+    BPE tokens), the target a word-by-word map of the source: a stand-in when the IWSLT text
+    is absent (the sizes of the peer's training split and test set)."""
+    rng = np.random.default_rng(seed)
+    types = 8000
+    p = 1.0 / np.arange(1, types + 1)
+    p /= p.sum()
+    mapping = rng.permutation(types)
+    out = {}
+    for split, n in (("train", 13533), ("test", 500)):
+        lengths = np.clip(np.rint(rng.lognormal(2.95, 0.62, n)), 1, 175).astype(int)
+        src, tgt = [], []
+        for length in lengths:
+            words = rng.choice(types, size=length, p=p)
+            src.append(" ".join(f"s{w}" for w in words))
+            tgt.append(" ".join(f"t{w}" for w in mapping[words]))
+        out[split] = (src, tgt)
+    return out
+
+
+def _top_types(lines: list[str], n: int) -> set[str]:
+    from collections import Counter
+
+    counts = Counter(tok for line in lines for tok in line.split())
+    # the order Dictionary.build (and fairseq's finalize) ranks types in: count, then symbol
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {tok for tok, _ in ranked[:n]}
+
+
+def write_corpus(root: Path, vocab: Optional[int], source: Path = IWSLT_DIR) -> Path:
+    """A data=custom folder with the peer's stream: train = IWSLT'14 valid + test lines 501..,
+    valid = test = test lines 1..500. vocab=N keeps the N-4 most frequent types per side and
+    writes the rest as <unk> (fairseq-preprocess --nwordssrc/--nwordstgt N)."""
+    name = f"{'iwslt' if (source / 'valid.de.gz').is_file() else 'synthetic'}-{vocab or 'all'}"
+    out = root / name
+    if (out / ".done").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    if (source / "valid.de.gz").is_file():
+        text = {}
+        test = {lang: _read_gz(source / f"test.{lang}.gz") for lang in ("de", "en")}
+        valid = {lang: _read_gz(source / f"valid.{lang}.gz") for lang in ("de", "en")}
+        text["train"] = (valid["de"] + test["de"][500:], valid["en"] + test["en"][500:])
+        text["test"] = (test["de"][:500], test["en"][:500])
+    else:
+        text = _synthetic_text()
+    if vocab is not None:
+        keep = [_top_types(text["train"][side], vocab - 4) for side in (0, 1)]
+        text = {split: tuple([" ".join(t if t in keep[side] else "<unk>" for t in line.split())
+                              for line in lines] for side, lines in enumerate(pair))
+                for split, pair in text.items()}
+    text["valid"] = text["test"]
+    for split, (src, tgt) in text.items():
+        (out / f"{split}.de").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (out / f"{split}.en").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    (out / ".done").write_text("")
+    return out
+
+
+# ----------------------------------------------------------------------------- FLOPs, peaks
+def train_flops(dim: int, ffn: int, enc_layers: int, dec_layers: int, tgt_vocab: int,
+                src_len: np.ndarray, tgt_len: np.ndarray) -> float:
+    """Model FLOPs of one training pass over sentences with these lengths: 3x the forward
+    (backward = 2x forward), 2 FLOPs per weight per token for every matmul weight, and the
+    attention score/value products over full (not causally halved) matrices, as in PaLM's MFU
+    (Chowdhery et al. 2022, appendix B). Recomputation by checkpointing is not model FLOPs."""
+    s, t = src_len.astype(np.float64), tgt_len.astype(np.float64)
+    per_src = enc_layers * (4 * dim * dim + 2 * dim * ffn) + dec_layers * 2 * dim * dim  # + cross k/v
+    per_tgt = dec_layers * (6 * dim * dim + 2 * dim * ffn) + dim * tgt_vocab  # + output projection
+    dense = 2 * (per_src * s.sum() + per_tgt * t.sum())
+    attn = 4 * dim * (enc_layers * (s * s).sum() + dec_layers * ((t * t).sum() + (s * t).sum()))
+    return 3 * (dense + attn)
+
+
+def cpu_matmul_peak(threads: int, seconds: float = 1.5) -> dict:
+    """The machine's fp32 matmul GFLOP/s (median over repeats, best of a few square sizes)
+    with the benchmark's thread count: the denominator of CPU MFU."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    sizes = {}
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        c = torch.empty(n, n)
+        for _ in range(2):
+            torch.matmul(a, b, out=c)
+        times = []
+        end = time.perf_counter() + seconds
+        while len(times) < 3 or time.perf_counter() < end:
+            t0 = time.perf_counter()
+            torch.matmul(a, b, out=c)
+            times.append(time.perf_counter() - t0)
+        sizes[str(n)] = 2 * n ** 3 / statistics.median(times) / 1e9
+    return {"gflops": max(sizes.values()), "by_size": sizes, "dtype": "fp32",
+            "threads": torch.get_num_threads(), "source": "measured"}
+
+
+def cuda_bf16_peak(name: str) -> dict:
+    for key in sorted(CUDA_BF16_PEAK_TFLOPS, key=len, reverse=True):
+        if key in name:
+            return {"gflops": CUDA_BF16_PEAK_TFLOPS[key] * 1e3, "dtype": "bf16",
+                    "source": f"datasheet ({key})"}
+    import torch  # an unknown GPU: measure a large bf16 matmul instead
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    torch.cuda.synchronize()
+    return {"gflops": 20 * 2 * 8192 ** 3 / (time.perf_counter() - t0) / 1e9, "dtype": "bf16",
+            "source": "measured (GPU not in the datasheet table)"}
+
+
+# ----------------------------------------------------------------------------- load
+def busy_cpu_seconds() -> float:
+    """CPU seconds every process on the machine has used (user+nice+system+irq+softirq+steal)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+class LoadProbe:
+    """Cores used by other processes while a block ran (the machine may be shared)."""
+
+    def __enter__(self):
+        self.busy, self.cpu, self.t0 = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        self.loadavg_before = os.getloadavg()[0]
+        return self
+
+    def __exit__(self, *exc):
+        wall = max(time.perf_counter() - self.t0, 1e-9)
+        own = time.process_time() - self.cpu
+        self.other_cores = max(0.0, (busy_cpu_seconds() - self.busy - own) / wall)
+        self.loadavg_after = os.getloadavg()[0]
+
+    def as_dict(self) -> dict:
+        return {"other_cores": round(self.other_cores, 3),
+                "loadavg_1min": [round(self.loadavg_before, 2), round(self.loadavg_after, 2)]}
+
+
+def rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+# ----------------------------------------------------------------------------- the worker
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from runner.cli import config_dir
+    from runner.config import register_schemas
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = hydra_compose(config_name="train", overrides=list(overrides))
+    return OmegaConf.to_object(cfg)
+
+
+def run_entry(entry: Entry, work: Path) -> dict:
+    """Train `entry` for warm-up + timed updates with the real Trainer, then decode."""
+    import torch
+
+    from runner.config import validate
+    from runner.evaluate import decode_throughput
+    from runner.train import Trainer
+
+    if entry.threads:
+        torch.set_num_threads(entry.threads)
+    cuda = entry.device == "cuda" or (entry.device == "auto" and torch.cuda.is_available())
+    # CPU: a record per update (no cost without a device to sync); CUDA: one per window, so
+    # the only host syncs are the trainer's own logging steps.
+    log_interval = entry.steps if cuda else 1
+    warmup = -(-entry.warmup // log_interval) * log_interval
+    updates = warmup + entry.steps * entry.windows
+    corpus = write_corpus(work / "data", entry.vocab)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{entry.name}-", dir=work))
+    overrides = entry.overrides + [
+        "data=custom", f"data.dir={corpus}", "data.bpe=none", f"data.cache_dir={work / 'cache'}",
+        f"data.max_tokens={entry.max_tokens}", f"trainer.max_updates={updates}",
+        f"trainer.log_interval={log_interval}", "trainer.valid_interval=0",
+        "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.valid_max_batches=1",
+        "trainer.tensorboard=false", "trainer.progress=false", "trainer.resume=false",
+        f"trainer.device={entry.device}", f"trainer.compile={str(entry.compile).lower()}",
+        f"trainer.threads={entry.threads}"]
+    if not any(o.startswith("warmup") for o in entry.overrides):
+        overrides.append(f"warmup.updates={min(4000, updates)}")  # the recipe's 4000, capped
+    cfg = compose(overrides)
+    validate(cfg)
+    rss_start = rss_mb()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        trainer = Trainer(cfg, run_dir)
+        # Record which sentences each update trains on (lengths, padding, FLOPs); the stream is
+        # the trainer's own batch order, read on the host, so no device sync is added.
+        taken: list[np.ndarray] = []
+
+        def recorded(stream):
+            for indices in stream:
+                taken.append(indices)
+                yield indices
+
+        trainer.stream = recorded(trainer.stream)
+        with LoadProbe() as probe:
+            result = trainer.run()
+        if cuda:
+            torch.cuda.synchronize()
+            peak_mb = torch.cuda.max_memory_allocated() / 2 ** 20
+        else:  # Linux reports ru_maxrss in KiB
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in records if r["split"] == "train"]
+        split = trainer.train_split
+        src_lengths, tgt_lengths = split.src_lengths, split.tgt_lengths
+        wall = {r["step"]: r["wall_s"] for r in train}
+        windows = []
+        for w in range(entry.windows):
+            first, last = warmup + w * entry.steps, warmup + (w + 1) * entry.steps  # updates (first, last]
+            batches = taken[first:last]
+            tokens = int(sum(tgt_lengths[b].sum() for b in batches))
+            seconds = wall[last] - wall[first]
+            windows.append({"updates": entry.steps, "tokens": tokens, "seconds": seconds,
+                            "tokens_per_s": tokens / seconds,
+                            "ms_per_update": 1e3 * seconds / entry.steps})
+        timed = taken[warmup:updates]
+        src = np.concatenate([src_lengths[b] for b in timed])
+        tgt = np.concatenate([tgt_lengths[b] for b in timed])
+        cells = sum(len(b) * (int(src_lengths[b].max()) + int(tgt_lengths[b].max())) for b in timed)
+        m = cfg.model
+        flops = train_flops(m.dim, m.ffn_dim, m.num_encoder_layers, m.num_decoder_layers,
+                            len(trainer.tgt_dict), src, tgt)
+        tps = [w["tokens_per_s"] for w in windows]
+        out: dict[str, Any] = {
+            **{k: v for k, v in asdict(entry).items() if k not in ("overrides", "extra")},
+            "overrides": overrides,
+            "model": f"{m.dim}-{m.ffn_dim}-{m.heads}, {m.num_encoder_layers}+{m.num_decoder_layers}",
+            "parameters": result["parameters"], "status": result["status"],
+            "train_loss": result["train_loss"], "device": result["device"],
+            "precision": result["precision"], "threads": torch.get_num_threads(),
+            "src_vocab": len(trainer.src_dict), "tgt_vocab": len(trainer.tgt_dict),
+            "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps),
+            "tokens_per_s_max": max(tps),
+            "ms_per_update": statistics.median(w["ms_per_update"] for w in windows),
+            "tokens_per_update": float(tgt.sum()) / len(timed),
+            "padding_fraction": 1.0 - float(src.sum() + tgt.sum()) / cells,
+            "flops_per_target_token": flops / float(tgt.sum()),
+            "peak_memory_mb": peak_mb, "memory_kind": "cuda_max_allocated" if cuda else "max_rss",
+            "rss_before_trainer_mb": rss_start, "windows": windows, "load_train": probe.as_dict(),
+        }
+        if entry.decode:
+            test = trainer.data.splits[cfg.data.test_split]
+            n = min(entry.decode, len(test))
+            test = test.subset(np.arange(n)) if n < len(test) else test
+            for beam, key in ((5, "beam5"), (1, "greedy")):
+                with trainer.autocast(), LoadProbe() as dprobe:
+                    d = decode_throughput(trainer.model, test, beam=beam, device=trainer.device)
+                out[key] = {**d, "load": dprobe.as_dict()}
+        return out
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def worker_main(argv: list[str]) -> int:
+    """python -m runner.bench ENTRY.json WORK_DIR OUT.json"""
+    entry = Entry(**json.loads(Path(argv[0]).read_text()))
+    out = run_entry(entry, Path(argv[1]))
+    Path(argv[2]).write_text(json.dumps(out, indent=1, default=float))
+    return 0
+
+
+def run_isolated(entry: Entry, work: Path) -> dict:
+    """run_entry in a fresh interpreter, so peak memory and allocator state are the entry's own."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec = work / f"{entry.name}.entry.json"
+    out = work / f"{entry.name}.result.json"
+    spec.write_text(json.dumps(asdict(entry)))
+    out.unlink(missing_ok=True)
+    env = dict(os.environ)
+    if entry.threads:
+        env.update(OMP_NUM_THREADS=str(entry.threads), MKL_NUM_THREADS=str(entry.threads))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "runner.bench", str(spec), str(work), str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.is_file():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        return {"name": entry.name, "group": entry.group, "status": "failed", "error": tail}
+    result = json.loads(out.read_text())
+    result["process_wall_s"] = time.perf_counter() - t0
+    return result
+
+
+# ----------------------------------------------------------------------------- the peer
+def run_peer(config: str, args, decode: bool) -> dict:
+    """One fairseq run of peer_train_bench.sh (REPS=1) and its printed medians."""
+    env = {**os.environ, "REPS": "1", "THREADS": str(args.threads or 2),
+           "DECODE": "1" if decode else "0", "QUIET_WAIT": str(args.quiet_wait),
+           "RETRIES": "0"}
+    t0 = time.perf_counter()
+    with LoadProbe() as probe:
+        proc = subprocess.run(["bash", str(args.peer_tools / "peer_train_bench.sh"), config],
+                              env=env, capture_output=True, text=True)
+    out: dict[str, Any] = {"config": config, "returncode": proc.returncode,
+                           "wall_s": time.perf_counter() - t0, "load": probe.as_dict(),
+                           "stderr_tail": proc.stderr.strip().splitlines()[-6:]}
+    for line in proc.stdout.splitlines():
+        name, _, value = line.partition(" ")
+        key, _, number = value.partition("=")
+        try:
+            number_f = float(number)
+        except ValueError:
+            continue
+        if name.endswith("_decode_beam5"):
+            out["beam5_sentences_per_s"] = number_f
+        elif name.endswith("_decode_beam1"):
+            out["greedy_sentences_per_s"] = number_f
+        elif key == "tokens_per_s":
+            out["tokens_per_s"] = number_f
+    return out
+
+
+def peer_ready(args) -> Optional[str]:
+    script = args.peer_tools / "peer_train_bench.sh"
+    if not script.is_file():
+        return f"no peer tooling at {args.peer_tools} (set --peer-tools)"
+    peer_dir = Path(os.environ.get("PEER_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"), "peer-helper")))
+    if not (peer_dir / "venv" / "bin" / "fairseq-train").exists():
+        return f"fairseq is not set up in {peer_dir}: run bash {args.peer_tools}/peer_setup.sh"
+    return None
+
+
+TARGETS = {"tokens_per_s": 1.3, "beam5_sentences_per_s": 1.5}  # issue 7
+
+
+def peer_comparison(args, work: Path, peak: dict) -> dict:
+    """deepinit and fairseq alternating, run by run, on the peer's configurations."""
+    from runner.console import console
+
+    comparison: dict[str, Any] = {}
+    for name in args.peer_configs:
+        peer_name = PEER_CONFIGS[name]
+        ours_runs, peer_runs = [], []
+        for rep in range(args.reps):
+            decode = rep < args.decode_reps and not args.no_decode
+            console.print(f"[bold]bench-peer[/] {name}: run {rep + 1}/{args.reps}: fairseq "
+                          f"({peer_name}{', decoding' if decode else ''}) ...")
+            peer_runs.append(run_peer(peer_name, args, decode))
+            entry = preset_entry(name, args, peer=True)
+            entry.decode = entry.decode if decode else 0
+            console.print(f"[bold]bench-peer[/] {name}: run {rep + 1}/{args.reps}: deepinit ...")
+            ours_runs.append(run_isolated(entry, work))
+        comparison[name] = summarize_pair(name, peer_name, ours_runs, peer_runs, peak)
+    return comparison
+
+
+def _median(values: list) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize_pair(name: str, peer_name: str, ours: list[dict], peer: list[dict], peak: dict) -> dict:
+    row: dict[str, Any] = {"peer_config": peer_name, "deepinit_runs": ours, "fairseq_runs": peer}
+    flops = _median([r.get("flops_per_target_token") for r in ours])
+    for key in ("tokens_per_s", "beam5_sentences_per_s", "greedy_sentences_per_s"):
+        if key == "tokens_per_s":
+            mine = [r.get("tokens_per_s") for r in ours]
+        else:
+            mine = [(r.get(key.split("_")[0]) or {}).get("sentences_per_s") for r in ours]
+        theirs = [r.get(key) for r in peer]
+        m, t = _median(mine), _median(theirs)
+        row[key] = {"deepinit": m, "fairseq": t, "deepinit_runs": mine, "fairseq_runs": theirs,
+                    "ratio": m / t if m and t else None, "target": TARGETS.get(key)}
+    if flops and peak.get("gflops"):
+        for side in ("deepinit", "fairseq"):
+            tps = row["tokens_per_s"][side]
+            row.setdefault("mfu", {})[side] = tps * flops / 1e9 / peak["gflops"] if tps else None
+    return row
+
+
+# ----------------------------------------------------------------------------- output
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def print_tables(report: dict) -> None:
+    from rich.table import Table
+
+    from runner.console import console
+
+    peak = report["peak"]
+    entries = [e for e in report["entries"] if e["group"] == "preset"]
+    machine = report["machine"]
+    if entries:
+        t = Table(title=f"deepinit bench: training and decoding on {machine['device_name']} "
+                        f"({machine['threads']} threads)", title_justify="left")
+        for col in ("preset", "model", "tok/s (min-max)", "ms/upd", "peak MB", "pad", "MFU",
+                    "beam5/s", "greedy/s", "load"):
+            t.add_column(col, justify="left" if col in ("preset", "model") else "right")
+        for e in entries:
+            if e["status"] == "failed":
+                t.add_row(e["name"], "[red]failed[/]", *["-"] * 8)
+                continue
+            mfu = e["tokens_per_s"] * e["flops_per_target_token"] / 1e9 / peak["gflops"]
+            t.add_row(e["name"], f"{e['model']} {e['precision']}",
+                      f"{e['tokens_per_s']:,.0f} ({e['tokens_per_s_min']:,.0f}-{e['tokens_per_s_max']:,.0f})",
+                      f"{e['ms_per_update']:,.0f}", f"{e['peak_memory_mb']:,.0f}",
+                      f"{100 * e['padding_fraction']:.0f}%", f"{100 * mfu:.1f}%",
+                      _fmt((e.get("beam5") or {}).get("sentences_per_s"), ".1f"),
+                      _fmt((e.get("greedy") or {}).get("sentences_per_s"), ".1f"),
+                      f"{e['load_train']['other_cores']:.2f}")
+        console.print(t)
+        console.print(f"tok/s: target tokens per second, median of {len(entries[0]['windows'])} timed "
+                      f"windows; MFU: model FLOPs per target token x tok/s / peak ({peak['gflops']:,.0f} "
+                      f"GFLOP/s {peak['dtype']}, {peak['source']}); load: cores other processes used.")
+    depth = [e for e in report["entries"] if e["group"] == "depth"]
+    if depth:
+        t = Table(title="depth scaling: 64-128-2, T-Fixup, norm=none", title_justify="left")
+        for col in ("layers", "ckpt", "ms/update", "ms/upd/layer", "peak MB", "MB/added layer",
+                    "loss", "status"):
+            t.add_column(col, justify="right")
+        for e in depth:
+            if e["status"] == "failed":
+                t.add_row(f"{e.get('layers')}", "-", "-", "-", "-", "-", "-", "[red]failed[/]")
+                continue
+            base = next((b for b in depth if b.get("checkpointing") == e["checkpointing"]
+                         and b.get("status") != "failed"), e)
+            layers = 2 * e["layers"]
+            per_layer_mem = ((e["peak_memory_mb"] - base["peak_memory_mb"]) / (layers - 2 * base["layers"])
+                             if e is not base else None)
+            t.add_row(f"{e['layers']}+{e['layers']}", "yes" if e["checkpointing"] else "no",
+                      f"{e['ms_per_update']:,.0f}", f"{e['ms_per_update'] / layers:.2f}",
+                      f"{e['peak_memory_mb']:,.0f}", _fmt(per_layer_mem, ".2f"),
+                      _fmt(e["train_loss"], ".3f"), e["status"])
+        console.print(t)
+        console.print("MB/added layer: peak memory growth over the shallowest entry with the "
+                      "same checkpointing setting, per added layer.")
+    for name, row in (report.get("peer") or {}).items():
+        t = Table(title=f"deepinit vs fairseq: {name} (peer config {row['peer_config']}), medians of "
+                        "alternating runs", title_justify="left")
+        for col in ("measure", "deepinit", "fairseq", "ratio", "target", "deepinit runs", "fairseq runs"):
+            t.add_column(col, justify="right")
+        for key in ("tokens_per_s", "beam5_sentences_per_s", "greedy_sentences_per_s"):
+            r = row[key]
+            ok = r["ratio"] is not None and r["target"] is not None and r["ratio"] >= r["target"]
+            ratio = _fmt(r["ratio"], ".2f")
+            if r["target"] is not None and r["ratio"] is not None:
+                ratio = f"[{'green' if ok else 'red'}]{ratio}[/]"
+            t.add_row(key, _fmt(r["deepinit"], ",.1f"), _fmt(r["fairseq"], ",.1f"), ratio,
+                      _fmt(r["target"], ".1f"), ", ".join(_fmt(v, ",.1f") for v in r["deepinit_runs"]),
+                      ", ".join(_fmt(v, ",.1f") for v in r["fairseq_runs"]))
+        if row.get("mfu"):
+            t.add_row("MFU", _fmt(100 * (row["mfu"]["deepinit"] or 0), ".1f") + "%",
+                      _fmt(100 * (row["mfu"]["fairseq"] or 0), ".1f") + "%", "", "", "", "")
+        console.print(t)
+
+
+def machine_info(device: str, threads: int) -> dict:
+    import torch
+
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    name = torch.cuda.get_device_name() if cuda else (_cpu_name() or platform.machine())
+    return {"device": "cuda" if cuda else "cpu", "device_name": name, "torch": torch.__version__,
+            "cpus": os.cpu_count(), "threads": threads or torch.get_num_threads(),
+            "hostname": platform.node(), "python": platform.python_version(),
+            "loadavg_start": os.getloadavg()}
+
+
+def _cpu_name() -> Optional[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="deepinit bench", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", nargs="*", default=None,
+                   help=f"of {', '.join(PRESETS)} (default: tiny small ci, + base on CUDA)")
+    p.add_argument("--depths", nargs="*", type=int, default=[6, 50, 100, 200],
+                   help="layers per stack for the depth scaling entries (none: skip)")
+    p.add_argument("--depth-max-tokens", type=int, default=1024)
+    p.add_argument("--warmup", type=int, default=None, help="untimed updates (default per preset)")
+    p.add_argument("--steps", type=int, default=None, help="updates per timed window")
+    p.add_argument("--windows", type=int, default=None, help="timed windows (repeats)")
+    p.add_argument("--decode-sentences", type=int, default=DECODE_SENTENCES)
+    p.add_argument("--no-decode", action="store_true")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="torch.compile the model (auto: on CUDA)")
+    p.add_argument("--quick", action="store_true", help="a few updates of ci and 2-layer depth entries")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default outputs/bench/bench-<time>.json)")
+    p.add_argument("--work", type=Path, default=Path("outputs/bench/work"),
+                   help="scratch folder: corpus text, data cache, run folders")
+    p.add_argument("--peer", action="store_true",
+                   help="only the side-by-side: deepinit and fairseq alternating (make bench-peer)")
+    p.add_argument("--peer-configs", nargs="*", default=list(PEER_CONFIGS), choices=list(PEER_CONFIGS))
+    p.add_argument("--peer-tools", type=Path, default=PEER_TOOLS)
+    p.add_argument("--reps", type=int, default=3, help="--peer: alternating runs per configuration")
+    p.add_argument("--decode-reps", type=int, default=1,
+                   help="--peer: how many of the runs also decode (decoding is slow on CPU)")
+    p.add_argument("--quiet-wait", type=int, default=20,
+                   help="--peer: seconds the peer script waits for a quiet machine before each run")
+    p.add_argument("override", nargs="*", help="extra config overrides for every entry (key=value)")
+    return p.parse_args(argv)
+
+
+def main_bench(argv: list[str]) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from runner.console import console
+
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("deepinit: error: --device cuda but no CUDA device is visible", file=sys.stderr)
+        return 2
+    args.compile_on = args.compile == "on" or (args.compile == "auto" and cuda)
+    if args.presets is None:
+        args.presets = ["ci"] if args.quick else ["tiny", "small", "ci"] + (["base"] if cuda else [])
+    unknown = [p for p in args.presets if p not in PRESETS]
+    if unknown:
+        print(f"deepinit: error: unknown preset(s) {', '.join(unknown)}; expected {', '.join(PRESETS)}",
+              file=sys.stderr)
+        return 2
+    if args.quick and args.depths == [6, 50, 100, 200]:
+        args.depths = [2]
+    if args.peer:
+        problem = peer_ready(args)
+        if problem:
+            print(f"deepinit: error: {problem}", file=sys.stderr)
+            return 2
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_path = args.out or Path("outputs/bench") / f"bench{'-peer' if args.peer else ''}-{stamp}.json"
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report: dict[str, Any] = {"command": ["deepinit", "bench", *argv], "time": stamp,
+                              "machine": machine_info(args.device, args.threads), "entries": []}
+    with LoadProbe() as probe:
+        report["peak"] = (cuda_bf16_peak(torch.cuda.get_device_name()) if cuda
+                          else cpu_matmul_peak(args.threads))
+    report["peak"]["load"] = probe.as_dict()
+    console.print(f"peak: {report['peak']['gflops']:,.0f} GFLOP/s {report['peak']['dtype']} "
+                  f"({report['peak']['source']}); load average {os.getloadavg()[0]:.2f}")
+
+    if args.peer:
+        report["peer"] = peer_comparison(args, work, report["peak"])
+    else:
+        plan = [preset_entry(name, args) for name in args.presets]
+        # --quick: checkpointing only (the path with more to go wrong)
+        plan += [depth_entry(layers, ckpt, args) for layers in args.depths
+                 for ckpt in ((True,) if args.quick else (False, True))]
+        for entry in plan:
+            console.print(f"[bold]bench[/] {entry.name}: {entry.warmup} warm-up + "
+                          f"{entry.windows} x {entry.steps} timed updates ...")
+            result = run_isolated(entry, work)
+            if result["status"] == "failed":
+                console.print(f"[red]{entry.name} failed[/]:\n{result['error']}")
+            report["entries"].append(result)
+    report["machine"]["loadavg_end"] = os.getloadavg()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=1, default=float))
+    print_tables(report)
+    console.print(f"JSON: {out_path}")
+    failed = [e["name"] for e in report["entries"] if e["status"] == "failed"]
+    for row in (report.get("peer") or {}).values():
+        failed += [f"deepinit {row['peer_config']}" for r in row["deepinit_runs"] if r["status"] == "failed"]
+        failed += [f"fairseq {row['peer_config']}" for r in row["fairseq_runs"] if r["returncode"] != 0]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))

@@ -1,0 +1,96 @@
+"""deepinit bench: a few updates of every path end to end (JSON contents, not timings), the
+model-FLOPs formula against torch's FLOP counter, and the peer ratio bookkeeping."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from runner.bench import main_bench, summarize_pair, train_flops, write_corpus
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    out = tmp / "bench.json"
+    rc = main_bench(["--quick", "--threads", "1", "--decode-sentences", "4",
+                     "--work", str(tmp / "work"), "--out", str(out)])
+    return rc, json.loads(out.read_text())
+
+
+def test_quick_bench_writes_every_measure(quick):
+    rc, report = quick
+    assert rc == 0
+    assert [e["name"] for e in report["entries"]] == ["ci", "depth-2-ckpt"]
+    assert report["peak"]["gflops"] > 0 and report["peak"]["dtype"] == "fp32"
+    ci = report["entries"][0]
+    assert ci["status"] == "ok" and ci["device"] == "cpu" and ci["precision"] == "fp32"
+    assert ci["src_vocab"] == ci["tgt_vocab"] == 1000  # the peer's 1k-vocabulary stream
+    assert len(ci["windows"]) == 2
+    for w in ci["windows"]:
+        assert w["updates"] == 2 and w["tokens"] > 0 and w["seconds"] > 0
+        assert w["tokens_per_s"] == pytest.approx(w["tokens"] / w["seconds"])
+    assert ci["tokens_per_s_min"] <= ci["tokens_per_s"] <= ci["tokens_per_s_max"]
+    # token-bucketed batches of at most 2048 padded tokens per side
+    assert 0 < ci["tokens_per_update"] <= 2048 and 0 <= ci["padding_fraction"] < 0.5
+    assert ci["peak_memory_mb"] >= ci["rss_before_trainer_mb"] > 0
+    assert ci["flops_per_target_token"] > 6 * 32 * 1000  # at least the output projection
+    for key in ("beam5", "greedy"):
+        assert ci[key]["sentences"] == 4 and ci[key]["sentences_per_s"] > 0
+    depth = report["entries"][1]
+    assert depth["status"] == "ok" and depth["checkpointing"] is True and depth["layers"] == 2
+    assert math.isfinite(depth["train_loss"])
+    assert "init=tfixup" in depth["overrides"] and "norm=none" in depth["overrides"]
+
+
+def test_corpus_keeps_the_most_frequent_types(tmp_path):
+    folder = write_corpus(tmp_path, 50)
+    train = (folder / "train.en").read_text().split("\n")[:-1]
+    types = {tok for line in train for tok in line.split()}
+    assert len(types - {"<unk>"}) == 46 and "<unk>" in types  # 50 minus the 4 specials
+    assert len(train) == 13533  # IWSLT'14 valid + test lines 501.. (or the synthetic stand-in)
+    assert (folder / "valid.de").read_text() == (folder / "test.de").read_text()
+
+
+def test_train_flops_matches_torch_flop_counter():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from runner.model.seq2seq import build_model
+    from tests.conftest import compose
+
+    cfg = compose(["model=ci", "model.dim=32", "model.ffn_dim=48", "model.dropout=0",
+                   "model.share_embeddings=decoder_io", "data.joined_dictionary=false"])
+    vocab, b, s, t = 40, 3, 7, 5
+    model = build_model(cfg, vocab, vocab, 1)
+    torch.manual_seed(0)
+    src = torch.randint(4, vocab, (b, s))
+    prev = torch.randint(4, vocab, (b, t))
+    # the math backend runs attention as bmm, which the counter sees (the CPU flash kernel is
+    # not counted); every matmul of forward and backward, exactly
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(src, prev, False).sum().backward()
+    expected = train_flops(32, 48, 2, 2, vocab, np.full(b, s), np.full(b, t))
+    assert counter.get_total_flops() == expected
+
+
+def test_peer_ratios_are_medians_of_alternating_runs():
+    ours = [{"tokens_per_s": v, "flops_per_target_token": 1e6, "status": "ok",
+             "beam5": {"sentences_per_s": 10.0} if i == 0 else None}
+            for i, v in enumerate([130.0, 150.0, 140.0])]
+    peer = [{"tokens_per_s": v, "returncode": 0, "beam5_sentences_per_s": 5.0 if i == 0 else None}
+            for i, v in enumerate([100.0, 90.0, 110.0])]
+    row = summarize_pair("small", "iwslt", ours, peer, {"gflops": 1.0})
+    assert row["tokens_per_s"]["ratio"] == pytest.approx(1.4)
+    assert row["beam5_sentences_per_s"]["ratio"] == pytest.approx(2.0)
+    assert row["greedy_sentences_per_s"]["ratio"] is None
+    assert row["mfu"]["deepinit"] == pytest.approx(140.0 * 1e6 / 1e9)
+
+
+def test_peer_mode_without_tooling_is_a_one_line_error(tmp_path, capsys):
+    assert main_bench(["--peer", "--peer-tools", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("deepinit: error: no peer tooling")
