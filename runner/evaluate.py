@@ -394,9 +394,11 @@ def load_eval_data(cfg, split: str):
 def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen: float = 1.0,
                  average_last: int = 10, max_len_a: float = 0.0, max_len_b: int = 200,
                  max_tokens: int = 4096, batch_size: int = 128, device: str = "cpu",
-                 update_result: bool = True, echo=print) -> dict:
+                 update_result: bool = True, echo=print,
+                 checkpoint: Optional[str | Path] = None) -> dict:
     """Decode and score one split of a run; writes RUN_DIR/eval/<split>.* and adds the scores
-    to result.json. Returns the eval record (also written to eval/<split>.json)."""
+    to result.json. Returns the eval record (also written to eval/<split>.json).
+    `checkpoint` (a file name in the run folder, or a path) replaces the averaging."""
     from runner.bleu import _detokenize, bleu_scores
     from runner.model.seq2seq import build_model
     from runner.train import read_result, write_json
@@ -406,7 +408,13 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
         raise EvalError(f"run folder not found: {run_dir}")
     if beam < 1:
         raise EvalError(f"--beam {beam}: expected at least 1")
-    paths = select_checkpoints(run_dir, average_last)
+    if checkpoint is not None:
+        path = Path(checkpoint) if Path(checkpoint).is_file() else run_dir / checkpoint
+        if not path.is_file():
+            raise EvalError(f"checkpoint not found: {checkpoint}")
+        paths = [path]
+    else:
+        paths = select_checkpoints(run_dir, average_last)
     try:
         config = ckpt.load(paths[-1])["config"]
     except Exception as exc:  # unreadable or foreign file
@@ -467,6 +475,36 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
     return record
 
 
+# ----------------------------------------------------------------------------- during training
+def split_bleu(model, split: TokenizedSplit, references: Sequence[str], tgt_dict,
+               bpe_symbol: Optional[str], trainer_cfg, max_tokens: int,
+               device: torch.device | str) -> float:
+    """Tokenized BLEU of `model` on one split with the trainer.eval_* settings (for
+    trainer.valid_bleu). Leaves the model in eval mode; uses no random numbers."""
+    from runner.bleu import tokenized_bleu
+
+    t = trainer_cfg
+    hyps = decode_split(model, split, beam=t.eval_beam, lenpen=t.eval_lenpen,
+                        max_len_a=t.eval_max_len_a, max_len_b=t.eval_max_len_b,
+                        max_tokens=max_tokens, device=device, pad=tgt_dict.pad_index,
+                        bos=tgt_dict.bos_index, eos=tgt_dict.eos_index)
+    return tokenized_bleu([tgt_dict.string(h, bpe_symbol) for h in hyps.tokens], references)
+
+
+def final_scores(cfg, run_dir: Path, device: torch.device | str = "cpu") -> dict:
+    """trainer.final_bleu: the test split scored like `deepinit eval` (averaging the last
+    trainer.eval_average_last kept checkpoints), as result.json fields."""
+    t = cfg.trainer
+    record = evaluate_run(run_dir, split=cfg.data.test_split, beam=t.eval_beam,
+                          lenpen=t.eval_lenpen, average_last=t.eval_average_last,
+                          max_len_a=t.eval_max_len_a, max_len_b=t.eval_max_len_b,
+                          max_tokens=cfg.data.max_tokens, device=str(device),
+                          update_result=False)
+    return {"bleu": record["bleu"], "sacrebleu": record["sacrebleu"],
+            "sacrebleu_signature": record["sacrebleu_signature"],
+            "eval": {cfg.data.test_split: record}}
+
+
 def main_eval(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="deepinit eval", description="Decode a split of a run and score it (BLEU).")
@@ -478,6 +516,8 @@ def main_eval(argv: list[str]) -> int:
     parser.add_argument("--average-last", type=int, default=10,
                         help="average the last K numbered checkpoints (default 10; 0/1: "
                              "checkpoint_last.pt)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="score this one checkpoint instead (e.g. checkpoint_best.pt)")
     parser.add_argument("--max-len-a", type=float, default=0.0,
                         help="max output length = a * source length + b (default a=0)")
     parser.add_argument("--max-len-b", type=int, default=200, help="(default b=200)")
@@ -501,7 +541,8 @@ def main_eval(argv: list[str]) -> int:
             raise EvalError("--max-tokens and --batch-size must be positive")
         record = evaluate_run(args.run_dir, args.split, args.beam, args.lenpen, args.average_last,
                               args.max_len_a, args.max_len_b, args.max_tokens, args.batch_size,
-                              args.device, update_result=not args.no_result)
+                              args.device, update_result=not args.no_result,
+                              checkpoint=args.checkpoint)
     except (EvalError, ConfigError, CorpusError) as err:
         sys.stderr.write(f"deepinit: error: {err}\n")
         return 2

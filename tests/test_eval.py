@@ -98,3 +98,30 @@ def test_bad_input_one_line_exit_2(run_dir, tmp_path, capsys):
     # the same through the installed command
     proc = run_cli(["eval", str(tmp_path / "nope")], cwd=tmp_path, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+def test_training_with_valid_bleu_best_checkpoint_and_final_bleu(tmp_path):
+    run = tmp_path / "run"
+    cfg = compose(TINY + ["trainer.max_updates=20", "trainer.valid_interval=10",
+                          "trainer.progress=false", "trainer.best_checkpoint_metric=bleu",
+                          "trainer.final_bleu=true", "trainer.eval_beam=2",
+                          "trainer.keep_checkpoints=2", "data.toy.valid_size=20",
+                          "data.toy.test_size=20"])
+    result = train(cfg, run)
+    valid = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["split"] == "valid"]
+    assert [v["step"] for v in valid] == [10, 20] and all(v["bleu"] >= 0 for v in valid)
+    best = ckpt.load(run / "checkpoint_best.pt")
+    assert best["best_metric"] == max(v["bleu"] for v in valid)
+    assert best["step"] == next(v["step"] for v in valid if v["bleu"] == best["best_metric"])
+    on_disk = json.loads((run / "result.json").read_text())
+    assert on_disk["bleu"] == result["bleu"] and on_disk["bleu"] is not None
+    assert on_disk["sacrebleu_signature"].startswith("nrefs:1")
+    test = on_disk["eval"]["test"]
+    assert test["beam"] == 2 and test["max_len_a"] == 1.2 and test["sentences"] == 20
+    assert test["checkpoints"] == ["checkpoint_10.pt", "checkpoint_20.pt"]
+    record = evaluate_run(run, split="valid", beam=2, max_len_a=1.2, max_len_b=10,
+                          checkpoint="checkpoint_best.pt", echo=lambda *_: None)
+    assert record["checkpoints"] == ["checkpoint_best.pt"]
+    # the in-training score of that checkpoint, reproduced by deepinit eval
+    assert record["bleu"] == pytest.approx(best["best_metric"])
