@@ -201,6 +201,17 @@ class TrainerConfig:
     resume: bool = True  # continue from checkpoint_last.pt / skip a finished run
     progress: Optional[bool] = None  # null: a live bar when the console is a terminal
     tensorboard: bool = True
+    # evaluation (runner/evaluate.py, docs/evaluation.md). In-training decoding uses fairseq's
+    # --eval-bleu settings (methods 2.3: beam 5, max_len_a 1.2, max_len_b 10).
+    valid_bleu: bool = False  # tokenized BLEU of the valid split at every validation
+    # none | loss | bleu (bleu implies valid_bleu): keep checkpoint_best.pt at the best validation
+    best_checkpoint_metric: str = "none"
+    final_bleu: bool = False  # decode the test split at the end of the run; BLEU into result.json
+    eval_beam: int = 5
+    eval_lenpen: float = 1.0
+    eval_max_len_a: float = 1.2
+    eval_max_len_b: int = 10
+    eval_average_last: int = 10  # final_bleu: average the last K kept numbered checkpoints
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
 
 

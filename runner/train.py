@@ -138,6 +138,7 @@ class RunState:
     step: int = 0
     pos: DataPosition = field(default_factory=DataPosition)
     best_valid_loss: Optional[float] = None
+    best_metric: Optional[float] = None  # trainer.best_checkpoint_metric's best value
     train_tokens: int = 0
     train_seconds: float = 0.0
     wall_before: float = 0.0  # wall time of earlier attempts (resume)
@@ -257,7 +258,8 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "schedule": {"step": s.step},  # the lr is a pure function of the step
             "step": s.step, "epoch": s.pos.epoch, "epoch_index": s.pos.index,
-            "best_valid_loss": s.best_valid_loss, "train_tokens": s.train_tokens,
+            "best_valid_loss": s.best_valid_loss, "best_metric": s.best_metric,
+            "train_tokens": s.train_tokens,
             "train_seconds": s.train_seconds, "wall_s": s.wall_before + (time.time() - self.t0),
             "bad_streak": s.bad_streak, "last_train_loss": s.last_train_loss,
             "last_valid": s.last_valid,
@@ -275,6 +277,7 @@ class Trainer:
         s.step = state["step"]
         s.pos.epoch, s.pos.index = state["epoch"], state["epoch_index"]
         s.best_valid_loss = state["best_valid_loss"]
+        s.best_metric = state.get("best_metric")
         s.train_tokens, s.train_seconds = state["train_tokens"], state["train_seconds"]
         s.wall_before = state["wall_s"]
         s.bad_streak, s.last_train_loss = state["bad_streak"], state["last_train_loss"]
@@ -471,9 +474,25 @@ class Trainer:
     def _validate_and_log(self, metrics, writer, lr: float) -> None:
         s = self.state
         valid = self.validate()
+        t = self.cfg.trainer
+        if t.valid_bleu or t.best_checkpoint_metric == "bleu":
+            # every rank decodes the whole split: the same score, no communication
+            from runner.evaluate import split_bleu
+
+            valid["bleu"] = split_bleu(
+                self.model, self.valid_split, self.data.references[self.cfg.data.valid_split],
+                self.tgt_dict, self.data.bpe_symbol, t, self.cfg.data.max_tokens, self.device)
+            self.model.train()
         s.last_valid = valid
         if s.best_valid_loss is None or valid["loss"] < s.best_valid_loss:
             s.best_valid_loss = valid["loss"]
+        if t.best_checkpoint_metric in ("loss", "bleu"):
+            value = valid["loss"] if t.best_checkpoint_metric == "loss" else valid["bleu"]
+            sign = 1.0 if t.best_checkpoint_metric == "loss" else -1.0
+            if s.best_metric is None or sign * value < sign * s.best_metric:
+                s.best_metric = value
+                if self.main:
+                    ckpt.save_atomic(self.state_dict(), self.run_dir / "checkpoint_best.pt")
         self._emit(metrics, writer, {"split": "valid", "step": s.step, "epoch": s.pos.epoch,
                                      "lr": lr, **valid})
         log.info("valid at update %d: loss %.4f  nll %.4f  ppl %.2f", s.step, valid["loss"],
@@ -512,6 +531,14 @@ def train(cfg, run_dir: Path) -> dict:
     trainer = Trainer(cfg, run_dir)
     result = trainer.run()
     result["world_size"] = trainer.world
+    if trainer.main and cfg.trainer.final_bleu and result["status"] == "ok":
+        from runner.evaluate import final_scores
+
+        try:
+            result.update(final_scores(cfg, run_dir, trainer.device))
+        except Exception as exc:  # scoring must not turn a finished run into a failed one
+            log.warning("final BLEU failed: %s: %s", type(exc).__name__, exc)
+            result["bleu_error"] = f"{type(exc).__name__}: {exc}"
     if trainer.main:
         write_json(run_dir / "result.json", result)
         console.print(summary_table(result, str(run_dir)))
