@@ -115,7 +115,16 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
 # --------------------------------------------------------------------------------------------
 # Where each corpus keeps its files
 
-_SHARED = Path(os.environ.get("DEEPINIT_DATA_ROOT", "/work/shared/data"))
+def default_data_root() -> Path:
+    """$DEEPINIT_DATA_ROOT, else the shared/data folder beside a checkout (where the staged
+    corpora live), else /work/shared/data."""
+    if os.environ.get("DEEPINIT_DATA_ROOT"):
+        return Path(os.environ["DEEPINIT_DATA_ROOT"])
+    beside_checkout = Path(__file__).resolve().parents[3] / "shared" / "data"
+    return beside_checkout if beside_checkout.is_dir() else Path("/work/shared/data")
+
+
+_SHARED = default_data_root()
 DEFAULT_DIRS = {"multi30k": _SHARED / "multi30k", "iwslt14": _SHARED / "iwslt14-de-en-fairseq"}
 # Multi30k's own split names (multi30k/dataset data/task1) for deepinit's usual ones.
 MULTI30K_ALIASES = {"valid": "val", "test": "test_2016_flickr"}

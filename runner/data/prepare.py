@@ -26,7 +26,7 @@ import tarfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from runner.data.corpus import CorpusError, decode_lines, read_lines
+from runner.data.corpus import CorpusError, decode_lines, default_data_root, read_lines
 from runner.data.subword import SubwordNmtCodes, learn_bpe
 
 IWSLT14_URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"  # fairseq's mirror
@@ -311,7 +311,7 @@ def prepare_multi30k(raw_dir: str | os.PathLike | None, out_dir: str | os.PathLi
 # --------------------------------------------------------------------------------------------
 # Command line
 
-_DEFAULT_MULTI30K_RAW = Path(os.environ.get("DEEPINIT_DATA_ROOT", "/work/shared/data")) / "multi30k" / "raw"
+_DEFAULT_MULTI30K_RAW = default_data_root() / "multi30k" / "raw"
 
 
 def main_prepare(argv: Sequence[str]) -> int:

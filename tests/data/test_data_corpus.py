@@ -9,9 +9,12 @@ from runner.config import DataConfig
 from runner.data.corpus import CorpusError, load_translation_data, read_lines, read_parallel
 from runner.data.dictionary import Dictionary
 from runner.data.subword import remove_bpe
+from runner.data.corpus import default_data_root
 
-IWSLT = Path("/work/shared/data/iwslt14-de-en-fairseq")
-M30K = Path("/work/shared/data/multi30k/tok")
+SHARED_DATA = default_data_root()
+
+IWSLT = SHARED_DATA / "iwslt14-de-en-fairseq"
+M30K = SHARED_DATA / "multi30k" / "tok"
 
 
 def _write(path: Path, lines, gz=False):

@@ -13,8 +13,11 @@ from runner.data.corpus import load_translation_data, read_lines
 from runner.data.prepare import (PrepareError, clean_corpus, main_data, main_prepare,
                                  prepare_iwslt14, prepare_multi30k, split_every, xml_segments)
 from runner.data.subword import remove_bpe
+from runner.data.corpus import default_data_root
 
-SHARED = Path("/work/shared/data")
+SHARED_DATA = default_data_root()
+
+SHARED = SHARED_DATA
 M30K = SHARED / "multi30k"
 IWSLT = SHARED / "iwslt14-de-en-fairseq"
 quiet = dict(progress=lambda msg: None)
