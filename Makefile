@@ -50,3 +50,15 @@ bench:
 bench-peer:
 	bash $(PEER_TOOLS)/peer_setup.sh
 	$(BIN)/deepinit bench --peer --threads $(if $(filter 0,$(THREADS)),2,$(THREADS)) --peer-tools $(PEER_TOOLS) $(BENCH_ARGS)
+
+# One command per published table (runner/reproduce.py, docs/reproductions.md):
+#   make reproduce-table2 [SCALE=cpu|paper] [LAUNCHER=basic|local|slurm] [DRY_RUN=1] [REPRODUCE_ARGS="overrides"]
+# SCALE defaults to paper when a GPU is visible, else cpu. Runs land in
+# outputs/reproduce/<target>-<scale>/; a second call runs only the unfinished cells.
+SCALE ?=
+LAUNCHER ?=
+DRY_RUN ?=
+REPRODUCE_ARGS ?=
+.PHONY: reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz
+reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz:
+	$(BIN)/python -m runner.reproduce $(@:reproduce-%=%) $(if $(SCALE),--scale $(SCALE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY_RUN),--dry-run) $(REPRODUCE_ARGS)

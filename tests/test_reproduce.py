@@ -1,0 +1,297 @@
+"""`make reproduce-*` (runner/reproduce.py): the plans, the presets, the tables on synthetic run
+folders, the paper-scale refusal, and one real cell end to end (resumed as a no-op)."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runner import reproduce as rp
+from runner.config import validate
+from tests.conftest import REPO, compose
+
+PAPER_ENV = {"DEEPINIT_IWSLT14_DIR": "/nonexistent/iwslt", "DEEPINIT_WMT14_DIR": "/nonexistent/wmt"}
+
+
+def fake_cell(root: Path, preset: str, axes: dict, result: dict, fixed=(), sweep=None) -> Path:
+    """A run folder as the trainer leaves it, as far as the driver and the report read it."""
+    overrides = [*(f"{k}={v}" for k, v in axes.items()), f"+sweep={preset}", *fixed]
+    d = root / ",".join(o.lstrip("+") for o in overrides).replace("/", "_")
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    if sweep:
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"sweep": sweep}))
+    (d / "result.json").write_text(json.dumps(result))
+    return d
+
+
+def ok(loss: float, bleu=None, wall=10.0) -> dict:
+    r = {"status": "ok", "best_valid_loss": loss, "valid_loss": loss, "updates": 1000, "wall_s": wall}
+    if bleu is not None:
+        r["bleu"] = bleu
+    return r
+
+
+DIVERGED = {"status": "diverged", "reason": "non-finite loss", "diverged_step": 37, "updates": 37,
+            "wall_s": 3.0}
+
+
+# ----------------------------------------------------------------------------- plans
+@pytest.mark.parametrize("target,scale,counts", [
+    ("table2", "cpu", [9]), ("table2", "paper", [15, 9]), ("grid", "cpu", [45]),
+    ("grid", "paper", [45]), ("tfixup-depth", "cpu", [5]), ("tfixup-depth", "paper", [5]),
+    ("lipschitz", "cpu", [16]), ("lipschitz", "paper", [16])])
+def test_plans_have_the_papers_cells(target, scale, counts):
+    parts = rp.TARGETS[target].parts[scale]
+    assert [len(rp.plan_cells(p.preset)[0]) for p in parts] == counts
+
+
+def test_plan_values_are_what_hydra_records_and_overrides_replace_axes():
+    cells, fixed = rp.plan_cells("reproduce_grid_cpu")
+    assert {c["optim.lr"] for c in cells} == {"0.0001", "0.0002", "0.0003", "0.0004", "0.0005"}
+    assert {c["method"] for c in cells} == {"post_ln", "pre_ln", "admin"} and fixed == []
+    cells, fixed = rp.plan_cells("reproduce_tfixup_depth_cpu",
+                                 ["model.layers=6,20", "optim.lr=1e-3", "hydra.verbose=true"])
+    assert [c["model.layers"] for c in cells] == ["6", "20"]
+    assert fixed == ["optim.lr=0.001"]
+    cells, _ = rp.plan_cells("reproduce_table2_iwslt14")
+    assert sorted({c["trainer.seed"] for c in cells}) == ["1111", "2222", "3333", "4444", "5555"]
+
+
+def test_wall_time_estimate_packs_cells_into_slots():
+    assert rp.estimate_wall_s([10, 10, 10, 10], 2) == 20
+    assert rp.estimate_wall_s([30, 10, 10, 10], 2) == 30
+    assert rp.estimate_wall_s([5, 5], 1) == 10
+    # the CPU targets are designed to fit in an hour on two cores (docs/reproductions.md)
+    for name, target in rp.TARGETS.items():
+        for part in target.parts["cpu"]:
+            cells, fixed = rp.plan_cells(part.preset)
+            costs = [rp.estimate_cell_s(part.preset, c, fixed) for c in cells]
+            assert rp.estimate_wall_s(costs, 2) < 50 * 60, name
+
+
+# ----------------------------------------------------------------------------- presets
+@pytest.mark.parametrize("preset,axes,expect", [
+    ("reproduce_table2_cpu", {"method": "post_ln", "model.layers": "18"},
+     {"norm.placement": "post", "warmup.updates": 0, "optim.name": "adam", "optim.lr": 1e-3,
+      "data.name": "toy", "model.dim": 64, "model.layers": 18, "trainer.max_updates": 1000}),
+    ("reproduce_table2_cpu", {"method": "admin", "model.layers": "6"},
+     {"init.name": "admin", "norm.placement": "post"}),
+    ("reproduce_grid_cpu", {"method": "pre_ln", "optim.beta2": "0.995", "optim.lr": "3e-4"},
+     {"optim.name": "radam", "schedule.name": "linear", "warmup.updates": 0, "optim.beta2": 0.995,
+      "norm.placement": "pre", "model.layers": 6}),
+    ("reproduce_tfixup_depth_cpu", {"model.layers": "200"},
+     {"init.name": "tfixup", "norm.placement": "none", "warmup.updates": 0, "model.ffn_dim": 128}),
+    ("reproduce_lipschitz_cpu", {"+reproduce": "order_v1", "init": "lipschitz", "model.layers": "24"},
+     {"norm.placement": "post", "norm.embedding_norm": True, "init.name": "lipschitz"}),
+    ("reproduce_lipschitz_cpu", {"+reproduce": "order_v2", "init": "xavier", "model.layers": "12"},
+     {"norm.placement": "pre", "norm.embedding_norm": False}),
+    # paper recipes: methods 4.4 (IWSLT), 4.6 (WMT'14), 4.5 (grid), 3.3 (T-Fixup)
+    ("reproduce_table2_iwslt14", {"method": "pre_ln", "trainer.seed": "3333"},
+     {"model.dim": 512, "model.ffn_dim": 1024, "optim.lr": 7e-4, "warmup.updates": 6000,
+      "warmup.init_lr": 1e-7, "model.dropout": 0.3, "trainer.max_updates": 100000,
+      "data.dir": "/nonexistent/iwslt", "trainer.keep_checkpoints": 10}),
+    ("reproduce_table2_wmt14", {"method": "admin", "model.layers": "18"},
+     {"model.dim": 512, "model.ffn_dim": 2048, "optim.lr": 1e-3, "warmup.updates": 8000,
+      "data.source_lang": "en", "data.target_lang": "de", "data.max_tokens": 8192,
+      "trainer.update_freq": 4}),
+    ("reproduce_grid_paper", {"method": "admin", "optim.beta2": "0.99", "optim.lr": "5e-4"},
+     {"optim.name": "radam", "schedule.name": "linear", "warmup.updates": 0, "schedule.min_lr": 0.0,
+      "trainer.max_updates": 100000}),
+    ("reproduce_tfixup_depth_paper", {"model.layers": "100"},
+     {"optim.lr": 5e-4, "optim.clip_norm": 25.0, "model.share_embeddings": "decoder_io",
+      "trainer.max_updates": 50000}),
+])
+def test_preset_cells_compose_validate_and_follow_the_recipe(monkeypatch, preset, axes, expect):
+    for k, v in PAPER_ENV.items():
+        monkeypatch.setenv(k, v)
+    cfg = compose([f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items())])
+    validate(cfg)
+    for dotted, want in expect.items():
+        node = cfg
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        assert node == want, dotted
+
+
+# ----------------------------------------------------------------------------- tables
+def _table2_cpu(root: Path) -> None:
+    losses = {"post_ln": {6: 2.10, 12: 2.40}, "pre_ln": {6: 2.20, 12: 2.30, 18: 2.35},
+              "admin": {6: 2.05, 12: 2.20, 18: 2.25}}
+    for m, by_depth in losses.items():
+        for L in (6, 12, 18):
+            res = ok(by_depth[L], bleu=40.0 + L) if L in by_depth else DIVERGED
+            fake_cell(root, "reproduce_table2_cpu", {"method": m, "model.layers": L}, res)
+
+
+def _row(text: str, start: str) -> list[str]:
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| {start}"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_table2_cpu_layout_paper_numbers_and_failed(tmp_path):
+    _table2_cpu(tmp_path)
+    part = rp.TARGETS["table2"].parts["cpu"][0]
+    out = rp.Outcome("table2", "cpu", {"": rp.collect(part, tmp_path)}, tmp_path)
+    path = rp.write_outputs(out, "best_valid_loss")
+    text = path.read_text()
+    assert path == tmp_path / "reproduction.md"
+    assert _row(text, "setting")[1:] == ["Post-LN (paper)", "Post-LN (ours)", "Pre-LN (paper)",
+                                         "Pre-LN (ours)", "Admin (paper)", "Admin (ours)"]
+    assert _row(text, "toy 6L")[1:] == ["27.80", "2.100 loss, 46.0 BLEU", "27.27",
+                                        "2.200 loss, 46.0 BLEU", "27.90", "2.050 loss, 46.0 BLEU"]
+    r18 = _row(text, "toy 18L")
+    assert "WMT'14 En-De, 18L-18L base" in r18[0]
+    assert r18[1:] == ["failed", "failed (diverged @37)", "28.38", "2.350 loss, 58.0 BLEU", "29.03",
+                       "2.250 loss, 58.0 BLEU"]
+    assert _row(text, "toy 12L")[1] == "failed" and _row(text, "toy 12L")[2].startswith("2.400")
+    assert "- Post-LN fails at 18 layers: yes" in text
+    assert "- Pre-LN trains at every depth: yes" in text
+    assert "- Admin at least as good as Pre-LN (best_valid_loss), at every depth both trained: yes" in text
+    assert "9 cells: 8 ok, 1 diverged" in text
+
+
+def test_table2_pending_cells_and_unknown_checks(tmp_path):
+    fake_cell(tmp_path, "reproduce_table2_cpu", {"method": "pre_ln", "model.layers": 6}, ok(2.0))
+    part = rp.TARGETS["table2"].parts["cpu"][0]
+    cells = rp.collect(part, tmp_path)
+    assert sum(c.status == "pending" for c in cells) == 8
+    text = rp.render_table2(rp.Outcome("table2", "cpu", {"": cells}, tmp_path))
+    assert _row(text, "toy 18L")[2] == "pending"
+    assert "- Post-LN fails at 18 layers: n/a" in text
+
+
+def test_table2_paper_seeds_mean_std(tmp_path):
+    iw, wmt = tmp_path / "iwslt14", tmp_path / "wmt14"
+    for m, base in (("post_ln", 35.0), ("pre_ln", 34.0), ("admin", 35.5)):
+        for i, seed in enumerate((1111, 2222, 3333, 4444, 5555)):
+            res = DIVERGED if (m == "post_ln" and seed == 5555) else ok(3.9, bleu=base + 0.1 * i)
+            fake_cell(iw, "reproduce_table2_iwslt14", {"method": m, "trainer.seed": seed}, res)
+    for m in ("post_ln", "pre_ln", "admin"):
+        for L in (6, 12, 18):
+            res = DIVERGED if (m == "post_ln" and L > 6) else ok(4.0, bleu=27.0 + L / 10)
+            fake_cell(wmt, "reproduce_table2_wmt14", {"method": m, "model.layers": L}, res)
+    parts = rp.TARGETS["table2"].parts["paper"]
+    out = rp.Outcome("table2", "paper", {p.sub: rp.collect(p, tmp_path / p.sub) for p in parts}, tmp_path)
+    text = rp.render_table2(out)
+    iwslt = _row(text, "IWSLT'14 De-En, 6L-6L small")
+    assert iwslt[1] == "35.64 ± 0.23"
+    assert iwslt[2] == "35.15 ± 0.13 BLEU, 3.900 loss (1/5 failed)"
+    assert iwslt[4] == "34.20 ± 0.16 BLEU, 3.900 loss"
+    assert _row(text, "WMT'14 En-Fr, 60L-12L base")[2] == "not run (no En-Fr recipe)"
+    assert _row(text, "WMT'14 En-De, 18L-18L base")[1:3] == ["failed", "failed (diverged @37)"]
+    assert _row(text, "WMT'14 En-De, 6L-6L base")[6] == "27.60 BLEU, 4.000 loss"
+
+
+def test_grid_counts_heatmaps_and_paper_counts(tmp_path):
+    part = rp.TARGETS["grid"].parts["cpu"][0]
+    sweep = {"name": "reproduce_grid_cpu", "scientific": ["method"],
+             "nuisance": ["optim.lr", "optim.beta2"]}
+    cells, _ = rp.plan_cells(part.preset)
+    post_failed = 0
+    for c in cells:
+        lr, b2 = float(c["optim.lr"]), float(c["optim.beta2"])
+        if c["method"] == "post_ln" and lr >= 3e-4 and (lr > 3e-4 or b2 == 0.999) and post_failed < 7:
+            res = DIVERGED
+            post_failed += 1
+        else:
+            res = ok({"post_ln": 3.0, "pre_ln": 3.2, "admin": 3.1}[c["method"]] - lr * 100)
+        fake_cell(tmp_path, part.preset, c, res, sweep=sweep)
+    assert post_failed == 7
+    out = rp.Outcome("grid", "cpu", {"": rp.collect(part, tmp_path)}, tmp_path)
+    text = rp.write_outputs(out, "best_valid_loss").read_text()
+    assert _row(text, "Post-LN")[1:4] == ["7/15", "7/15", "8 of 8 converged"]
+    assert _row(text, "Pre-LN")[1:3] == ["0/15", "0/15"]
+    assert _row(text, "Admin")[1:4] == ["0/15", "0/15", "15 of 15 converged"]
+    post_block = text.split("### Post-LN")[1].split("###")[0]
+    assert post_block.count("failed") - post_block.count('"failed"') == 7
+    assert "- Post-LN diverges in several cells (2 or more): yes" in text
+    assert "- Admin converges in every cell: yes" in text
+    assert len(list(tmp_path.glob("heatmap*.png"))) == 3
+    assert "![heatmap_method=admin](heatmap_method=admin.png)" in text
+
+
+def test_tfixup_and_lipschitz_layouts(tmp_path):
+    t = tmp_path / "t"
+    for L in (6, 20, 50, 100, 200):
+        fake_cell(t, "reproduce_tfixup_depth_cpu", {"model.layers": L},
+                  DIVERGED if L == 200 else ok(3.0 - L / 100))
+    part = rp.TARGETS["tfixup-depth"].parts["cpu"][0]
+    text = rp.render_tfixup_depth(rp.Outcome("tfixup-depth", "cpu", {"": rp.collect(part, t)}, t))
+    assert _row(text, "50L-50L")[1:3] == ["29.28", "2.500 loss"]
+    assert _row(text, "200L-200L")[1:3] == ["27.65", "failed (diverged @37)"]
+    assert "- T-Fixup trains at every depth: no" in text
+
+    lp = tmp_path / "l"
+    part = rp.TARGETS["lipschitz"].parts["cpu"][0]
+    for c in rp.plan_cells(part.preset)[0]:
+        bad = c["+reproduce"] == "order_v1" and c["init"] == "xavier" and c["model.layers"] != "6"
+        fake_cell(lp, part.preset, c, DIVERGED if bad else ok(2.0))
+    text = rp.render_lipschitz(rp.Outcome("lipschitz", "cpu", {"": rp.collect(part, lp)}, lp))
+    assert _row(text, "layers")[1:5] == ["v1 (Post-LN) (paper)", "v1 (Post-LN) (ours)",
+                                         "v1-L (paper)", "v1-L (ours)"]
+    assert _row(text, "12L-12L")[1:5] == ["failed", "failed (diverged @37)", "28.67", "2.000 loss"]
+    assert _row(text, "24L-24L")[7:9] == ["29.20", "2.000 loss"]
+    assert "- v1 (Post-LN) without Lipschitz init fails at 12+ layers: yes" in text
+    assert "- v1 with Lipschitz init trains at every depth: yes" in text
+
+
+# ----------------------------------------------------------------------------- commands
+@pytest.mark.parametrize("target,cells,sample", [
+    ("table2", 9, "method=admin model.layers=18"),
+    ("grid", 45, "method=post_ln optim.beta2=0.999 optim.lr=0.0005"),
+    ("tfixup-depth", 5, "model.layers=200"),
+    ("lipschitz", 16, "reproduce=order_v1 init=lipschitz model.layers=24"),
+])
+def test_make_dry_run_lists_the_cells(tmp_path, target, cells, sample):
+    proc = subprocess.run(["make", "-s", f"reproduce-{target}", "SCALE=cpu", "DRY_RUN=1",
+                           f"REPRODUCE_ARGS=--out {tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.endswith("[pending]")]
+    assert len(lines) == cells
+    assert any(ln.strip().startswith(sample + " ") for ln in lines)
+    assert f"hydra.sweep.dir={tmp_path}/{target}-cpu" in proc.stdout
+    assert "estimated wall time" in proc.stdout
+    assert not any(tmp_path.iterdir())  # a plan runs nothing
+
+
+def test_paper_scale_without_data_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("DEEPINIT_IWSLT14_DIR", raising=False)
+    (tmp_path / "wmt").mkdir()
+    (tmp_path / "wmt" / "train.en").write_text("x\n")
+    monkeypatch.setenv("DEEPINIT_WMT14_DIR", str(tmp_path / "wmt"))
+    rc = rp.main(["table2", "--scale", "paper", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "DEEPINIT_IWSLT14_DIR is not set" in err
+    assert "has no train.de" in err
+    assert ("no GPU is visible" in err) == (not rp.gpu_visible())
+    assert not (tmp_path / "o").exists()
+
+
+def test_one_cell_end_to_end_then_resume_is_a_no_op(tmp_path, capsys):
+    args = ["table2", "--scale", "cpu", "--launcher", "basic", "--out", str(tmp_path),
+            "method=pre_ln", "model.layers=1", "trainer.max_updates=4", "trainer.log_interval=2",
+            "trainer.valid_interval=0", "trainer.save_interval=0", "data.toy.train_size=100",
+            "data.toy.valid_size=10", "data.toy.test_size=10"]
+    assert rp.main(args) == 0
+    out = capsys.readouterr().out
+    sweep = tmp_path / "table2-cpu"
+    results = list(sweep.glob("*/result.json"))
+    assert len(results) == 1
+    result = json.loads(results[0].read_text())
+    assert result["status"] == "ok" and result["updates"] == 4
+    assert result["eval"]["test"]["beam"] == 1 and result["bleu"] is not None
+    row = _row((sweep / "reproduction.md").read_text(), "toy 1L")
+    assert row[4] == f"{result['best_valid_loss']:.3f} loss, {result['bleu']:.1f} BLEU"
+    assert row[2] == "not run" and row[6] == "not run"
+    assert "total wall time of this call" in out
+    before = results[0].stat().st_mtime_ns
+    assert rp.main(args) == 0
+    out = capsys.readouterr().out
+    assert "1 cells, 1 finished" in out and "running 1 unfinished" not in out
+    assert results[0].stat().st_mtime_ns == before
