@@ -98,10 +98,18 @@ def settings_from(configs: list[str], common: list[str], defaults: list[str]) ->
 def for_depth(setting: Setting, extra: list[str]):
     """The setting's Config with `extra` overrides (e.g. model.layers=N) applied on top."""
     if setting.run_dir is not None:
-        if extra:
-            raise ConfigError(f"{setting.run_dir}: a run folder's config is reused as it is "
-                              f"(cannot add {' '.join(extra)})")
-        return setting.cfg
+        if not extra:
+            return setting.cfg
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(setting.cfg), OmegaConf.from_dotlist(extra))
+            cfg = OmegaConf.to_object(merged)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{setting.run_dir}: cannot apply {' '.join(extra)}: {err}") from err
+        validate(cfg)
+        return cfg
     return compose(setting.overrides + extra)
 
 

@@ -126,23 +126,31 @@ def run(settings: list[common.Setting], depth: int | None, seed: int | None, sen
 
 
 def plot(result: dict, path: Path) -> None:
+    """One row per (configuration, stack), one column per stage (init, then checkpoints)."""
     plt = common.pyplot()
-    panels = [(entry, stage) for entry in result["settings"] for stage in entry["stages"]]
-    fig, axes = plt.subplots(len(panels), 2, figsize=(10, 4.2 * len(panels)), squeeze=False)
-    for row_axes, (entry, stage) in zip(axes, panels):
-        for ax, side in zip(row_axes, ("encoder", "decoder")):
+    rows = [(entry, side) for entry in result["settings"] for side in ("encoder", "decoder")]
+    cols = max(len(entry["stages"]) for entry in result["settings"])
+    fig, axes = plt.subplots(len(rows), cols, figsize=(3.3 * cols + 0.6, 3.1 * len(rows)),
+                             squeeze=False)
+    image = None
+    for row_axes, (entry, side) in zip(axes, rows):
+        for ax in row_axes[len(entry["stages"]):]:
+            ax.axis("off")
+        for ax, stage in zip(row_axes, entry["stages"]):
             beta = torch.tensor(stage[side]["beta"])
             masked = beta.masked_fill(torch.ones_like(beta).triu(1).bool(), float("nan"))
             image = ax.imshow(masked.numpy(), cmap="viridis", vmin=0, vmax=1)
             ax.set_title(f"{entry['label']} @ {stage['stage']}: {side}\n"
                          f"mean β_ii={stage[side]['mean_diagonal']:.2f}, "
-                         f"mean β_i,j<i={stage[side]['mean_off_diagonal']:.2f}", fontsize=9)
-            ax.set_xlabel("branch j", fontsize=8)
-            ax.set_ylabel("sublayer output i", fontsize=8)
-            fig.colorbar(image, ax=ax, fraction=0.046)
+                         f"β_i,j<i={stage[side]['mean_off_diagonal']:.2f}", fontsize=8)
+            ax.set_xlabel("branch j", fontsize=7)
+            ax.set_ylabel("sublayer output i", fontsize=7)
+            ax.tick_params(labelsize=6)
     fig.suptitle("Layer dependency β_ij (Admin Figs. 7/8)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=70)
+    fig.tight_layout(rect=(0, 0, 0.93, 0.98))
+    if image is not None:
+        fig.colorbar(image, cax=fig.add_axes((0.945, 0.3, 0.012, 0.4)))
+    fig.savefig(path, dpi=60)
     plt.close(fig)
 
 

@@ -118,25 +118,26 @@ ARMS = ("warmup", "no_warmup")
 
 
 def plot_histograms(result: dict, path: Path) -> None:
+    """Rows: configurations; columns: gradient and update, each with and without warmup."""
     plt = common.pyplot()
     n = len(result["settings"])
-    fig, axes = plt.subplots(2 * n, 2, figsize=(10, 3.0 * 2 * n), squeeze=False)
+    fig, axes = plt.subplots(n, 4, figsize=(15, 2.9 * n), squeeze=False, sharey=True)
     bins = np.array(result["bins_log10"])
-    for s, entry in enumerate(result["settings"]):
-        for a, arm in enumerate(ARMS):
+    panels = [(key, title, arm) for key, title in (("embedding_grad_hist", "input-emb. gradient"),
+                                                   ("adam_update_hist", "optimizer update"))
+              for arm in ARMS]
+    for row_axes, entry in zip(axes, result["settings"]):
+        for ax, (key, title, arm) in zip(row_axes, panels):
             steps = entry["arms"][arm]["steps"]
-            for c, (key, title) in enumerate((("embedding_grad_hist", "input-embedding gradient"),
-                                              ("adam_update_hist", "optimizer update"))):
-                ax = axes[2 * s + a][c]
-                counts = np.array([st[key] for st in steps], dtype=float).T
-                ax.imshow(np.log1p(counts), aspect="auto", origin="lower", cmap="magma",
-                          extent=(0.5, len(steps) + 0.5, bins[0], bins[-1]))
-                ax.set_title(f"{entry['label']}, {arm.replace('_', ' ')}: {title}", fontsize=8)
-                ax.set_xlabel("update", fontsize=8)
-                ax.set_ylabel("log10 |value|", fontsize=8)
+            counts = np.array([st[key] for st in steps], dtype=float).T
+            ax.imshow(np.log1p(counts), aspect="auto", origin="lower", cmap="magma",
+                      extent=(0.5, len(steps) + 0.5, bins[0], bins[-1]))
+            ax.set_title(f"{entry['label']}, {arm.replace('_', ' ')}: {title}", fontsize=8)
+            ax.set_xlabel("update", fontsize=8)
+        row_axes[0].set_ylabel("log10 |value|", fontsize=8)
     fig.suptitle("Encoder input embeddings over the first updates (T-Fixup Fig. 2)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=70)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=48)
     plt.close(fig)
 
 
@@ -156,8 +157,8 @@ def plot_ln_norms(result: dict, path: Path) -> None:
             ax.grid(alpha=0.3)
         row_axes[1].legend(fontsize=6, ncol=2)
     fig.suptitle("Decoder LN-input norms over the first updates (T-Fixup Fig. 3a/b)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=70)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=60)
     plt.close(fig)
 
 
@@ -167,10 +168,14 @@ def arm_summary(arm: dict) -> dict:
     return {
         "grad_median_first": first["embedding_grad"].get("median"),
         "grad_median_last": last["embedding_grad"].get("median"),
+        "grad_median_min": min((st["embedding_grad"]["median"] for st in steps
+                                if "median" in st["embedding_grad"]), default=None),
         "update_median_first": first["adam_update"].get("median"),
         "update_median_max": max((st["adam_update"]["median"] for st in steps
                                   if "median" in st["adam_update"]), default=None),
         "ln_norm_first": first["ln_input_norms"], "ln_norm_last": last["ln_input_norms"],
+        "ln_norm_max": [max(st["ln_input_norms"][i] for st in steps)
+                        for i in range(len(first["ln_input_norms"]))],
         "loss_first": first["loss"], "loss_last": last["loss"],
     }
 
@@ -184,7 +189,7 @@ def summary(result: dict):
 
     table = Table(title=f"first {result['updates']} updates (medians of |value|; LN norm of the "
                         "top decoder layer)", title_justify="left")
-    for col in ("config", "arm", "emb. grad first→last", "update first / max", "LN norm first→last",
+    for col in ("config", "arm", "emb. grad first→min→last", "update first / max", "LN norm first→max→last",
                 "loss first→last"):
         table.add_column(col)
     for entry in result["settings"]:
@@ -192,8 +197,10 @@ def summary(result: dict):
             s = arm_summary(entry["arms"][arm])
             entry["arms"][arm]["summary"] = s
             table.add_row(entry["label"], arm,
-                          f"{_e(s['grad_median_first'])} → {_e(s['grad_median_last'])}",
+                          f"{_e(s['grad_median_first'])} → {_e(s['grad_median_min'])} → "
+                          f"{_e(s['grad_median_last'])}",
                           f"{_e(s['update_median_first'])} / {_e(s['update_median_max'])}",
-                          f"{s['ln_norm_first'][-1]:.2f} → {s['ln_norm_last'][-1]:.2f}",
+                          f"{s['ln_norm_first'][-1]:.2f} → {s['ln_norm_max'][-1]:.2f} → "
+                          f"{s['ln_norm_last'][-1]:.2f}",
                           f"{s['loss_first']:.2f} → {s['loss_last']:.2f}")
     return [table]

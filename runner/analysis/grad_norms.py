@@ -101,7 +101,12 @@ def plot(result: dict, path: Path) -> None:
             ax.set_yscale("log")
             ax.set_ylim(min(0.5, min(r["relative"] for r in rows) * 0.5), 1.5)
             ax.set_title(f"{entry['label']}: {side}", fontsize=9)
-            ax.set_xlabel("sublayer output (forward order, bottom to top)", fontsize=8)
+            starts = [i for i, r in enumerate(rows) if i == 0 or r["layer"] != rows[i - 1]["layer"]]
+            step = max(1, len(starts) // 12)
+            ax.set_xticks(starts[::step], [str(rows[i]["layer"] + 1) for i in starts[::step]],
+                          fontsize=7)
+            ax.set_xlabel("layer (its sublayer outputs in forward order, bottom to top)",
+                          fontsize=8)
             ax.set_ylabel("‖∂L/∂x‖ / max", fontsize=8)
             ax.grid(alpha=0.3, axis="y")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]

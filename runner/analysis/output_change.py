@@ -151,7 +151,8 @@ def plot(result: dict, path: Path, output: str = "encoder") -> None:
                 label += (f"  R²(N)={fit['N']['r2']:.2f} R²(logN)={fit['logN']['r2']:.2f}"
                           + (f" p={fit['power']['exponent']:.2f}" if fit["power"] else ""))
             ax.errorbar(depths, means, yerr=stds, marker="o", capsize=3, label=label)
-        ax.set_xscale("log", base=2)
+        # Linear N axis: a law linear in N is then a straight line, a log N law bends over.
+        ax.set_xticks(result["depths"])
         if kind == "adam":
             ax.set_yscale("log")
         ax.set_xlabel("N (layers per stack)")

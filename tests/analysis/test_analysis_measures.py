@@ -154,3 +154,28 @@ def test_early_training_first_updates():
     assert sum(cold[0]["embedding_grad_hist"]) + cold[0]["embedding_grad"]["zeros"] == \
         cold[0]["embedding_grad"]["count"]
     assert all(math.isfinite(s["loss"]) for s in warm + cold)
+
+
+@pytest.mark.parametrize("scheme", [["norm=post", "init=admin"], ["norm=none", "init=tfixup"]])
+def test_fresh_model_is_the_model_training_starts_from(tmp_path, scheme):
+    from conftest import TINY
+    from runner.train import Trainer
+
+    cfg = common.compose(TINY + scheme + ["trainer.seed=3"])
+    trainer = Trainer(cfg, tmp_path)
+    trainer.initialize()
+    ours = common.fresh_model(cfg).state_dict()
+    theirs = trainer.model.state_dict()
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+
+
+def test_run_config_with_a_new_depth(tmp_path):
+    cfg = common.compose(SMALL + ["norm=pre"])
+    setting = common.Setting("run", [], cfg, run_dir=tmp_path)
+    deeper = common.for_depth(setting, ["model.layers=5"])
+    assert deeper.model.num_encoder_layers == 5 and deeper.norm.placement == "pre"
+    assert cfg.model.layers == 2  # the run's own config is untouched
+    with pytest.raises(common.ConfigError):
+        common.for_depth(setting, ["model.layers=0"])
