@@ -648,7 +648,9 @@ def score_cells(cells: Sequence[CellResult], part: Part, device: str, echo=print
             rec = evaluate_run(c.path, split="test", beam=part.beam, lenpen=part.lenpen,
                                average_last=part.average_last, device=device, echo=echo)
             c.result["bleu"] = rec["bleu"]
-            echo(f"  scored {c.path.name}: BLEU {rec['bleu']:.2f}")
+            label = " ".join(f"{k}={v}" for k, v in c.axes.items())
+            echo(f"  scored {label}: BLEU {rec['bleu']:.2f} ({rec['sentences']} sentences, "
+                 f"{rec['decode_seconds']:.0f} s)")
         except Exception as exc:  # a table without one BLEU beats no table
             echo(f"  could not score {c.path}: {type(exc).__name__}: {exc}")
 
