@@ -160,10 +160,16 @@ def _parse(lines: Sequence[str]):
     return OverridesParser.create().parse_overrides(list(lines))
 
 
+# Overrides that do not change a run's result (conf/train.yaml keeps them out of folder names):
+# a cell run with other values of these is the same cell.
+_NOT_A_RESULT = ("hydra", "trainer.progress", "trainer.device", "trainer.threads", "trainer.resume",
+                 "trainer.tensorboard")
+
+
 def canonical(overrides: Sequence[str]) -> frozenset[str]:
     """Overrides as Hydra writes them into .hydra/overrides.yaml (1e-4 -> 0.0001), hydra.* left
     out, so a planned cell and its run folder compare equal."""
-    keep = [o for o in overrides if not _norm_key(o.split("=", 1)[0]).startswith("hydra")]
+    keep = [o for o in overrides if not _norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
     out = []
     for o in _parse(keep):
         out.append(f"{o.get_key_element()}={o.get_value_element_as_str()}")
@@ -177,7 +183,7 @@ def plan_cells(preset: str, extra: Sequence[str] = ()) -> tuple[list[dict[str, s
     Hydra's sweeper does."""
     params = ((load_preset(preset).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
     lines = [f"{k}={v}" for k, v in params.items()]
-    lines += [o for o in extra if not _norm_key(o.split("=", 1)[0]).startswith("hydra")]
+    lines += [o for o in extra if not _norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
     axes: dict[str, list[str]] = {}
     fixed: dict[str, str] = {}
     for o in _parse(lines):
@@ -623,8 +629,8 @@ def paper_problems(target: Target, launcher: str) -> list[str]:
 
 
 def launcher_overrides(launcher: str, scale: str, parallel: int) -> list[str]:
-    if launcher == "basic":
-        return []
+    if launcher == "basic":  # one cell at a time: give it every core
+        return [f"trainer.threads={parallel}"] if scale == "cpu" else []
     if launcher == "local":
         return ["hydra/launcher=local"] + ([f"hydra.launcher.cpu_parallelism={parallel}"]
                                            if scale == "cpu" else [])
@@ -744,8 +750,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     rc = 0
     env = dict(os.environ)
-    if scale == "cpu":  # one thread per cell: cells run side by side on the cores
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if scale == "cpu":  # local: one thread per cell, cells side by side on the cores
+        threads = str(parallel if launcher == "basic" else 1)
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
     for part in target.parts[scale]:
         pdir = part_dir(sweep_dir, part)
         cells = outcome.cells[part.sub]

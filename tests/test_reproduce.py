@@ -57,6 +57,12 @@ def test_plan_values_are_what_hydra_records_and_overrides_replace_axes():
                                  ["model.layers=6,20", "optim.lr=1e-3", "hydra.verbose=true"])
     assert [c["model.layers"] for c in cells] == ["6", "20"]
     assert fixed == ["optim.lr=0.001"]
+    # overrides that do not change a result (threads, progress, hydra.*) do not make another cell
+    cells2, fixed2 = rp.plan_cells("reproduce_tfixup_depth_cpu",
+                                   ["model.layers=6,20", "optim.lr=1e-3", "trainer.threads=2"])
+    assert (cells2, fixed2) == (cells, fixed)
+    assert rp.canonical(["+sweep=x", "model.layers=6", "trainer.progress=false"]) == \
+        frozenset({"+sweep=x", "model.layers=6"})
     cells, _ = rp.plan_cells("reproduce_table2_iwslt14")
     assert sorted({c["trainer.seed"] for c in cells}) == ["1111", "2222", "3333", "4444", "5555"]
 
