@@ -86,11 +86,19 @@ def _cross_caches(model, memory: torch.Tensor, repeat: int) -> list[dict]:
     return caches
 
 
+def _rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """t.index_select(0, rows); through a 2-D view when contiguous, which is several times
+    faster on CPU for the 4-D cache tensors (torch 2.x)."""
+    if t.is_contiguous():
+        return t.view(t.shape[0], -1).index_select(0, rows).view(rows.shape[0], *t.shape[1:])
+    return t.index_select(0, rows)
+
+
 def _select(caches: list[dict], rows: torch.Tensor, part: str) -> None:
     for cache in caches:
         sub = cache[part]
         for key, value in sub.items():
-            sub[key] = value.index_select(0, rows)
+            sub[key] = _rows(value, rows)
 
 
 @torch.inference_mode()
@@ -130,7 +138,7 @@ def greedy_search(model, src_tokens: torch.Tensor, pad: int, bos: int, eos: int,
             _select(caches, keep, "self")
             _select(caches, keep, "cross")
             if mask is not None:
-                mask = mask.index_select(0, keep)
+                mask = _rows(mask, keep)
         prev = tok[:, None]
     lengths = final_len.tolist()
     rows = out.tolist()
@@ -220,13 +228,13 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
             sent, n_final, base = sent[keep], n_final[keep], base[keep]
             sentence_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
             if mask is not None:
-                mask = mask.index_select(0, sentence_rows)
+                mask = _rows(mask, sentence_rows)
             if use_cache:
                 _select(caches, sentence_rows, "cross")
             else:
-                memory = memory.index_select(0, sentence_rows)
+                memory = _rows(memory, sentence_rows)
         parents = (next_beam + base[:, None] * k).view(-1)
-        tokens = tokens.index_select(0, parents)
+        tokens = _rows(tokens, parents)
         tokens[:, step + 1] = next_token.view(-1)
         scores = next_score.view(-1)
         if use_cache:
