@@ -126,17 +126,24 @@ def run(settings: list[common.Setting], depth: int | None, seed: int | None, sen
 
 
 def plot(result: dict, path: Path) -> None:
-    """One row per (configuration, stack), one column per stage (init, then checkpoints)."""
+    """Checkpoints: one row per (configuration, stack), one column per stage (init, then
+    checkpoints). Initialization only: one row per configuration, encoder and decoder."""
     plt = common.pyplot()
-    rows = [(entry, side) for entry in result["settings"] for side in ("encoder", "decoder")]
     cols = max(len(entry["stages"]) for entry in result["settings"])
+    if cols == 1:
+        cols = 2
+        rows = [[(entry, entry["stages"][0], side) for side in ("encoder", "decoder")]
+                for entry in result["settings"]]
+    else:
+        rows = [[(entry, stage, side) for stage in entry["stages"]]
+                for entry in result["settings"] for side in ("encoder", "decoder")]
     fig, axes = plt.subplots(len(rows), cols, figsize=(3.3 * cols + 0.6, 3.1 * len(rows)),
                              squeeze=False)
     image = None
-    for row_axes, (entry, side) in zip(axes, rows):
-        for ax in row_axes[len(entry["stages"]):]:
+    for row_axes, panels in zip(axes, rows):
+        for ax in row_axes[len(panels):]:
             ax.axis("off")
-        for ax, stage in zip(row_axes, entry["stages"]):
+        for ax, (entry, stage, side) in zip(row_axes, panels):
             beta = torch.tensor(stage[side]["beta"])
             masked = beta.masked_fill(torch.ones_like(beta).triu(1).bool(), float("nan"))
             image = ax.imshow(masked.numpy(), cmap="viridis", vmin=0, vmax=1)
