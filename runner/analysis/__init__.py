@@ -90,6 +90,7 @@ def main_analyze(argv: list[str]) -> int:
     from rich.console import Console
 
     from runner.analysis import common
+    from runner.data.corpus import CorpusError
 
     if ns.threads:
         torch.set_num_threads(ns.threads)
@@ -136,7 +137,7 @@ def main_analyze(argv: list[str]) -> int:
         tables = mod.summary(result)
         result["command"] = ["deepinit", "analyze", *argv]
         common.write_json(out / f"{stem}.json", result)
-    except ConfigError as err:
+    except (ConfigError, CorpusError) as err:
         sys.stderr.write(f"deepinit: error: {err}\n")
         return 2
     for table in tables:

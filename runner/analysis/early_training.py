@@ -189,7 +189,8 @@ def summary(result: dict):
 
     table = Table(title=f"first {result['updates']} updates (medians of |value|; LN norm of the "
                         "top decoder layer)", title_justify="left")
-    for col in ("config", "arm", "emb. grad first→min→last", "update first / max", "LN norm first→max→last",
+    for col in ("config", "arm", "emb. grad first→min→last", "update first / max",
+                "LN norm first→max→last",
                 "loss first→last"):
         table.add_column(col)
     for entry in result["settings"]:

@@ -80,7 +80,8 @@ def run(settings: list[common.Setting], depth: int | None, seeds: list[int], sen
             {**r, "norm": sum(s["decoder"][i]["norm"] for s in per_seed) / len(per_seed)}
             for i, r in enumerate(entry["decoder"])])
         entry["encoder_min_relative"] = min(r["relative"] for r in entry["encoder"])
-        entry["encoder_bottom_over_top"] = entry["encoder"][0]["relative"] / entry["encoder"][-1]["relative"]
+        enc = entry["encoder"]
+        entry["encoder_bottom_over_top"] = enc[0]["relative"] / enc[-1]["relative"]
         out["settings"].append(entry)
     return out
 

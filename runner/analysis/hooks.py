@@ -7,7 +7,7 @@ computation they observe; `remove()` (or leaving the `with` block) takes them al
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
