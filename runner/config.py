@@ -63,6 +63,10 @@ class NormConfig:
     runner/model/sublayer.py."""
 
     placement: str = "post"  # post | pre | none | sandwich
+    # Per-stack placement, null = `placement` (Admin Table 1 mixes a Post-LN encoder with a
+    # Pre-LN decoder: norm.decoder_placement=pre).
+    encoder_placement: Optional[str] = None
+    decoder_placement: Optional[str] = None
     kind: str = "layernorm"  # layernorm | rmsnorm
     eps: float = 1e-5
     # A norm after the last layer of each stack. null: the placement's default (on for pre and
@@ -341,6 +345,10 @@ def validate(cfg: Any) -> None:
             "or model.share_embeddings=decoder_io")
     if cfg.norm.eps <= 0:
         raise ConfigError(f"norm.eps={cfg.norm.eps}: expected > 0")
+    for key in ("norm.encoder_placement", "norm.decoder_placement"):
+        value = _get(cfg, key)
+        if value is not None and value not in CHOICES["norm.placement"]:
+            raise ConfigError(f"{key}={value!r}: expected one of {', '.join(CHOICES['norm.placement'])} or null")
     if cfg.norm.placement == "none" and (cfg.norm.final_norm or cfg.norm.embedding_norm):
         raise ConfigError("norm=none removes every norm: unset norm.final_norm / norm.embedding_norm")
     if trainer.device == "cpu" and trainer.precision == "fp16":

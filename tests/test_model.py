@@ -143,3 +143,18 @@ def test_incremental_decoding_matches_full_decoding():
         steps = [model.decode(batch.prev_tokens[:, t:t + 1], memory, mask, caches, start=t)
                  for t in range(batch.prev_tokens.shape[1])]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_per_stack_placement_admin_table_1():
+    """Admin Table 1 mixes a Post-LN encoder with a Pre-LN decoder."""
+    _, model, batch = model_for(["norm=post", "norm.decoder_placement=pre"])
+    enc = [r for r in model.sublayers() if r.side == "encoder"]
+    dec = [r for r in model.sublayers() if r.side == "decoder"]
+    assert all(isinstance(r.module.post_norm, torch.nn.LayerNorm) for r in enc)
+    assert all(isinstance(r.module.pre_norm, torch.nn.LayerNorm) for r in dec)
+    assert isinstance(model.encoder.final_norm, torch.nn.Identity)
+    assert isinstance(model.decoder.final_norm, torch.nn.LayerNorm)
+    assert torch.isfinite(model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)).all()
+    from runner.config import ConfigError, validate
+    with pytest.raises(ConfigError, match="use norm=post"):
+        validate(compose(["init=admin", "norm=post", "norm.decoder_placement=pre"]))

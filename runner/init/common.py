@@ -126,4 +126,7 @@ def fill_alpha(model, value: float) -> None:
 
 
 def needs_placement(cfg, placement: str, message: str) -> list[str]:
-    return [] if cfg.norm.placement == placement else [message]
+    """A scheme's placement requirement holds for both stacks (per-stack overrides included)."""
+    norm = cfg.norm
+    stacks = (norm.encoder_placement or norm.placement, norm.decoder_placement or norm.placement)
+    return [] if all(p == placement for p in stacks) else [message]

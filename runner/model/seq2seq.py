@@ -94,10 +94,13 @@ class Seq2Seq(nn.Module):
                  pad_index: int, residual: ResidualSpec = ResidualSpec()):
         super().__init__()
         self.cfg, self.norm_cfg, self.pad_index = cfg, norm, pad_index
-        slots = PLACEMENTS[norm.placement]
+        enc_slots = PLACEMENTS[norm.encoder_placement or norm.placement]
+        dec_slots = PLACEMENTS[norm.decoder_placement or norm.placement]
 
-        def make_sublayer(branch: nn.Module) -> Sublayer:
-            return Sublayer(branch, cfg.dim, slots, norm.kind, norm.eps, cfg.dropout, residual)
+        def sublayer_factory(slots: Slots):
+            def make_sublayer(branch: nn.Module) -> Sublayer:
+                return Sublayer(branch, cfg.dim, slots, norm.kind, norm.eps, cfg.dropout, residual)
+            return make_sublayer
 
         src_embed = nn.Embedding(src_vocab, cfg.dim, padding_idx=pad_index)
         if cfg.share_embeddings == "all":
@@ -108,12 +111,14 @@ class Seq2Seq(nn.Module):
             tgt_embed = nn.Embedding(tgt_vocab, cfg.dim, padding_idx=pad_index)
         self.encoder = Stack(
             Embedder(src_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale),
-            [EncoderLayer(cfg, make_sublayer, residual) for _ in range(cfg.num_encoder_layers)],
-            cfg.dim, slots, norm, cfg.activation_checkpointing)
+            [EncoderLayer(cfg, sublayer_factory(enc_slots), residual)
+             for _ in range(cfg.num_encoder_layers)],
+            cfg.dim, enc_slots, norm, cfg.activation_checkpointing)
         self.decoder = Stack(
             Embedder(tgt_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale),
-            [DecoderLayer(cfg, make_sublayer, residual) for _ in range(cfg.num_decoder_layers)],
-            cfg.dim, slots, norm, cfg.activation_checkpointing)
+            [DecoderLayer(cfg, sublayer_factory(dec_slots), residual)
+             for _ in range(cfg.num_decoder_layers)],
+            cfg.dim, dec_slots, norm, cfg.activation_checkpointing)
         # Output projection: tied to the decoder embedding unless share_embeddings=none.
         self.output_weight = (nn.Parameter(torch.empty(tgt_vocab, cfg.dim))
                               if cfg.share_embeddings == "none" else None)
