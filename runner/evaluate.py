@@ -94,6 +94,38 @@ def _rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return t.index_select(0, rows)
 
 
+def _keep_in_place(parents: torch.Tensor) -> torch.Tensor:
+    """parents: (sentences, beam) local parent beam of each continuing hypothesis, in rank
+    order. Returns the slot each one moves to: the first child of a parent takes the parent's
+    own slot, the other children fill the slots of parents that left no child. Beam order
+    within a sentence does not change the search (only the tie order of equal scores), and a
+    cache row whose hypothesis continues in place need not be copied."""
+    k = parents.shape[1]
+    beams = torch.arange(k, device=parents.device)
+    child_of = parents[:, :, None] == beams  # (sentences, child, parent)
+    first = child_of.long().cumsum(1).gather(2, parents[:, :, None]).squeeze(2) == 1
+    free = (child_of.any(1).long() * k + beams).argsort(1)  # parents without a child first
+    extra = ((~first).long().cumsum(1) - 1).clamp(min=0)
+    return torch.where(first, parents, free.gather(1, extra))
+
+
+def _reorder_rows(caches: list[dict], parents: torch.Tensor) -> None:
+    """Self-attention caches after a step without pruning: copy only the rows that take
+    another row's hypothesis, in place."""
+    moved = (parents != torch.arange(parents.shape[0], device=parents.device)).nonzero().squeeze(1)
+    if moved.numel() == 0:
+        return
+    sources = parents[moved]
+    for cache in caches:
+        sub = cache["self"]
+        for key, value in sub.items():
+            if value.is_contiguous():
+                flat = value.view(value.shape[0], -1)
+                flat.index_copy_(0, moved, flat.index_select(0, sources))
+            else:
+                sub[key] = _rows(value, parents)
+
+
 def _select(caches: list[dict], rows: torch.Tensor, part: str) -> None:
     for cache in caches:
         sub = cache[part]
@@ -219,8 +251,14 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
         next_beam = top_beam.gather(1, order)
         next_token = top_token.gather(1, order)
         next_score = top_score.gather(1, order)
+        if use_cache and k > 1:
+            slot = _keep_in_place(next_beam)
+            next_beam = torch.empty_like(next_beam).scatter_(1, slot, next_beam)
+            next_token = torch.empty_like(next_token).scatter_(1, slot, next_token)
+            next_score = torch.empty_like(next_score).scatter_(1, slot, next_score)
         base = torch.arange(live, device=device)
-        if bool(finished.any()):
+        pruned = bool(finished.any())
+        if pruned:
             keep = (~finished).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
@@ -238,7 +276,10 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
         tokens[:, step + 1] = next_token.view(-1)
         scores = next_score.view(-1)
         if use_cache:
-            _select(caches, parents, "self")
+            if pruned:
+                _select(caches, parents, "self")
+            else:
+                _reorder_rows(caches, parents)
 
     lengths = best_len.tolist()
     rows = best_tokens.tolist()

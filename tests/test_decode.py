@@ -159,3 +159,17 @@ def test_average_two_known_checkpoints(tmp_path):
     torch.save({"model": {**b, "w": torch.zeros(3)}}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="shape"):
         average_checkpoints([tmp_path / "checkpoint_1.pt", tmp_path / "other.pt"])
+
+
+def test_beams_keep_their_cache_rows():
+    from runner.evaluate import _keep_in_place
+
+    parents = torch.tensor([[0, 0, 1, 3], [2, 2, 2, 2], [3, 2, 1, 0]])
+    assert _keep_in_place(parents).tolist() == [[0, 2, 1, 3], [2, 0, 1, 3], [3, 2, 1, 0]]
+    g = torch.Generator().manual_seed(0)
+    parents = torch.randint(0, 5, (200, 5), generator=g)
+    slots = _keep_in_place(parents)
+    assert (slots.sort(1).values == torch.arange(5)).all()  # a permutation per sentence
+    first = torch.stack([torch.tensor([p[:i].tolist().count(p[i]) == 0 for i in range(5)])
+                         for p in parents])
+    assert (slots[first] == parents[first]).all()  # a first child stays in its parent's row
