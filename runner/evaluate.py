@@ -473,7 +473,12 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
     src_dict, tgt_dict = data.src_dict, data.tgt_dict
     model = build_model(cfg, len(src_dict), len(tgt_dict), tgt_dict.pad_index)
     state = average_checkpoints(paths) if len(paths) > 1 else ckpt.load(paths[0])["model"]
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:  # e.g. the corpus changed since training: other dictionaries
+        first = str(exc).strip().splitlines()[-1].strip()
+        raise EvalError(f"{paths[-1]} does not fit the model rebuilt from its config and data "
+                        f"(dictionaries {len(src_dict)}/{len(tgt_dict)} types): {first}")
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
     model.to(dev).eval()

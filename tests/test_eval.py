@@ -125,3 +125,17 @@ def test_training_with_valid_bleu_best_checkpoint_and_final_bleu(tmp_path):
     assert record["checkpoints"] == ["checkpoint_best.pt"]
     # the in-training score of that checkpoint, reproduced by deepinit eval
     assert record["bleu"] == pytest.approx(best["best_metric"])
+
+
+def test_checkpoint_that_does_not_fit_the_data(run_dir, tmp_path, capsys):
+    import shutil
+
+    other = tmp_path / "other"
+    other.mkdir()
+    state = ckpt.load(run_dir / ckpt.LAST)
+    state["config"]["data"]["toy"]["nouns"] = 40  # a larger vocabulary than the weights have
+    torch.save(state, other / ckpt.LAST)
+    shutil.copy(run_dir / "result.json", other / "result.json")
+    assert main_eval([str(other), "--average-last", "0", *FAST]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not fit the model" in err[0]
