@@ -257,6 +257,7 @@ CHOICES = {
     "data.empty_lines": ("skip", "error"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("auto", "fp32", "bf16", "fp16"),
+    "trainer.best_checkpoint_metric": ("none", "loss", "bleu"),
     "init.omega": ("vector", "scalar", "constant"),
     "init.output_change_scale": ("O(logn)", "O(1)", "O(n)"),
     "init.ds_init_form": ("paper", "code"),
@@ -290,6 +291,7 @@ def validate(cfg: Any) -> None:
         "trainer.devices": trainer.devices,
         "trainer.divergence.patience": trainer.divergence.patience,
         "trainer.divergence.check_interval": trainer.divergence.check_interval,
+        "trainer.eval_beam": trainer.eval_beam,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -317,7 +319,8 @@ def validate(cfg: Any) -> None:
     for key in ("optim.eps", "optim.weight_decay", "optim.clip_norm", "optim.momentum",
                 "warmup.init_lr", "trainer.max_epochs", "trainer.valid_interval",
                 "trainer.save_interval", "trainer.keep_checkpoints", "trainer.threads",
-                "warmup.updates", "trainer.valid_max_batches"):
+                "warmup.updates", "trainer.valid_max_batches", "trainer.eval_max_len_b",
+                "trainer.eval_average_last", "trainer.eval_max_len_a", "trainer.eval_lenpen"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)}: expected a value >= 0")
     if trainer.save_interval % trainer.log_interval:

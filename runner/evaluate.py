@@ -439,6 +439,18 @@ def load_eval_data(cfg, split: str):
     return data
 
 
+def check_dictionaries(run_dir: Path, src_dict, tgt_dict) -> None:
+    """A rebuilt vocabulary of the same size but other words would decode silently wrong:
+    compare it with the one the run saved (dict.src.txt / dict.tgt.txt) when present."""
+    from runner.data.dictionary import Dictionary
+
+    for side, rebuilt in (("src", src_dict), ("tgt", tgt_dict)):
+        saved_path = run_dir / f"dict.{side}.txt"
+        if saved_path.is_file() and Dictionary.load(saved_path).symbols != rebuilt.symbols:
+            raise EvalError(f"the data changed since training: its vocabulary differs from "
+                            f"{saved_path} (rebuild the corpus as it was, or retrain)")
+
+
 # ----------------------------------------------------------------------------- deepinit eval
 def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen: float = 1.0,
                  average_last: int = 10, max_len_a: float = 0.0, max_len_b: int = 200,
@@ -471,6 +483,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
     cfg = config_from_dict(config)
     data = load_eval_data(cfg, split)
     src_dict, tgt_dict = data.src_dict, data.tgt_dict
+    check_dictionaries(run_dir, src_dict, tgt_dict)
     model = build_model(cfg, len(src_dict), len(tgt_dict), tgt_dict.pad_index)
     state = average_checkpoints(paths) if len(paths) > 1 else ckpt.load(paths[0])["model"]
     try:

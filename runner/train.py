@@ -320,6 +320,9 @@ class Trainer:
             report = self.initialize()
             if self.main:
                 write_json(run_dir / "init.json", report)
+                # The vocabularies the model is trained on: eval checks its rebuilt data against them.
+                self.src_dict.save(run_dir / "dict.src.txt")
+                self.tgt_dict.save(run_dir / "dict.tgt.txt")
             self.build_optimizer()
         n_params = sum(p.numel() for p in self.model.parameters())
         if self.main:

@@ -139,3 +139,16 @@ def test_checkpoint_that_does_not_fit_the_data(run_dir, tmp_path, capsys):
     assert main_eval([str(other), "--average-last", "0", *FAST]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not fit the model" in err[0]
+
+
+def test_eval_refuses_data_whose_vocabulary_changed(tmp_path):
+    """Same vocabulary size, other words: decoding would be silently wrong, so eval stops."""
+    from runner.data.dictionary import Dictionary
+    from runner.evaluate import EvalError, check_dictionaries
+
+    saved = Dictionary(["a", "b", "c", "d"])
+    saved.save(tmp_path / "dict.src.txt")
+    saved.save(tmp_path / "dict.tgt.txt")
+    check_dictionaries(tmp_path, saved, saved)  # the same words: fine
+    with pytest.raises(EvalError, match="vocabulary differs"):
+        check_dictionaries(tmp_path, Dictionary(["a", "b", "c", "e"]), saved)
