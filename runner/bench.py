@@ -320,18 +320,20 @@ def run_entry(entry: Entry, work: Path) -> dict:
     log_interval = entry.steps if cuda else 1
     warmup = -(-entry.warmup // log_interval) * log_interval
     updates = warmup + entry.steps * entry.windows
+    # one more untimed update: its batch request closes the last timed update's CPU time
+    total_updates = updates + 1
     corpus = write_corpus(work / "data", entry.vocab)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{entry.name}-", dir=work))
     overrides = entry.overrides + [
         "data=custom", f"data.dir={corpus}", "data.bpe=none", f"data.cache_dir={work / 'cache'}",
-        f"data.max_tokens={entry.max_tokens}", f"trainer.max_updates={updates}",
+        f"data.max_tokens={entry.max_tokens}", f"trainer.max_updates={total_updates}",
         f"trainer.log_interval={log_interval}", "trainer.valid_interval=0",
         "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.valid_max_batches=1",
         "trainer.tensorboard=false", "trainer.progress=false", "trainer.resume=false",
         f"trainer.device={entry.device}", f"trainer.compile={str(entry.compile).lower()}",
         f"trainer.threads={entry.threads}"]
     if not any(o.startswith("warmup") for o in entry.overrides):
-        overrides.append(f"warmup.updates={min(4000, updates)}")  # the recipe's 4000, capped
+        overrides.append(f"warmup.updates={min(4000, total_updates)}")  # the recipe's 4000, capped
     cfg = compose(overrides)
     validate(cfg)
     rss_start = rss_mb()
@@ -341,11 +343,15 @@ def run_entry(entry: Entry, work: Path) -> dict:
         trainer = Trainer(cfg, run_dir)
         # Record which sentences each update trains on (lengths, padding, FLOPs); the stream is
         # the trainer's own batch order, read on the host, so no device sync is added.
+        # The process CPU time at each request (= the start of an update) gives CPU seconds per
+        # update, a figure other processes on a shared machine barely disturb (one thread).
         taken: list[np.ndarray] = []
+        cpu_marks: list[float] = []
 
         def recorded(stream):
             for indices in stream:
                 taken.append(indices)
+                cpu_marks.append(time.process_time())
                 yield indices
 
         trainer.stream = recorded(trainer.stream)
@@ -367,9 +373,12 @@ def run_entry(entry: Entry, work: Path) -> dict:
             batches = taken[first:last]
             tokens = int(sum(tgt_lengths[b].sum() for b in batches))
             seconds = wall[last] - wall[first]
+            cpu_seconds = cpu_marks[last] - cpu_marks[first]
             windows.append({"updates": entry.steps, "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,
-                            "ms_per_update": 1e3 * seconds / entry.steps})
+                            "ms_per_update": 1e3 * seconds / entry.steps,
+                            "cpu_seconds": cpu_seconds,
+                            "tokens_per_cpu_s": tokens / max(cpu_seconds, 1e-9)})
         timed = taken[warmup:updates]
         src = np.concatenate([src_lengths[b] for b in timed])
         tgt = np.concatenate([tgt_lengths[b] for b in timed])
@@ -388,6 +397,7 @@ def run_entry(entry: Entry, work: Path) -> dict:
             "src_vocab": len(trainer.src_dict), "tgt_vocab": len(trainer.tgt_dict),
             "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps),
             "tokens_per_s_max": max(tps),
+            "tokens_per_cpu_s": statistics.median(w["tokens_per_cpu_s"] for w in windows),
             "ms_per_update": statistics.median(w["ms_per_update"] for w in windows),
             "tokens_per_update": float(tgt.sum()) / len(timed),
             "padding_fraction": 1.0 - float(src.sum() + tgt.sum()) / cells,
