@@ -41,7 +41,8 @@ class ModelConfig:
     # standard: the fairseq parameterization; ntk: unit-variance weights with outputs scaled by
     # 1/sqrt(fan_in) (seed 004, section "NTK parameterization").
     parameterization: str = "standard"
-    # standard: logits / sqrt(head_dim); t5: no 1/sqrt(d) in the logits, q/k init variance / d.
+    # standard: logits / sqrt(head_dim); t5: no 1/sqrt(head_dim) in the logits; instead q and k
+    # each get their init variance divided by sqrt(head_dim), so q.k loses a factor head_dim.
     attention: str = "standard"
     # Biases of q/k/v at init: zero (CLN) or torch_default (TFX); methods 1.4.
     qkv_bias_init: str = "zero"
