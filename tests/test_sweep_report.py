@@ -126,7 +126,7 @@ def test_methods_are_the_scientific_axis_with_one_heatmap_each(faceted, tmp_path
     assert norms == {"post_ln": "post", "pre_ln": "pre"}
     assert main_report([str(faceted), "--out", str(tmp_path)]) == 0
     heatmaps = sorted(p.name for p in tmp_path.glob("heatmap*.png"))
-    assert heatmaps == ["heatmap_sweep_method=post_ln.png", "heatmap_sweep_method=pre_ln.png"]
+    assert heatmaps == ["heatmap_method=post_ln.png", "heatmap_method=pre_ln.png"]
     assert len(list(tmp_path.glob("curves_*.png"))) == 2
 
 
