@@ -168,3 +168,30 @@ def test_each_job_sees_its_own_fake_gpu(tmp_path):
     a, b = probes
     assert a["start"] < b["end"] and b["start"] < a["end"], "cells did not overlap"
     assert {a["cvd"], b["cvd"]} == {"0", "1"}
+
+
+@needs_cli
+def test_two_task_cell_trains_with_ddp_like_one_process(tmp_path):
+    """A cell with trainer.devices=2 gets tasks_per_node=2; each SLURM task is one gloo rank and
+    the loss curve equals one process with the same global batch (update_freq=2)."""
+    from conftest import compose  # the same composition as the CLI
+    from runner.train import train
+
+    common = ["model.dropout=0", "trainer.max_updates=10", "warmup.updates=2",
+              "trainer.log_interval=5", "trainer.save_interval=5", "trainer.valid_interval=5"]
+    sweep_dir = tmp_path / "ddp"
+    proc = _deepinit(sweep_dir, "trainer.devices=2", *common)
+    assert proc.returncode == 0, proc.stdout
+    [cell] = [p.parent for p in sweep_dir.glob("*/result.json")]
+    ddp = json.loads((cell / "result.json").read_text())
+    assert ddp["status"] == "ok" and ddp["world_size"] == 2
+    single = train(compose([*TINY, *common, "trainer.update_freq=2"]), tmp_path / "single")
+
+    def losses(run_dir):
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"]) for r in rows if r["split"] == "train"]
+
+    a, b = losses(cell), losses(tmp_path / "single")
+    assert [s for s, _ in a] == [s for s, _ in b]
+    assert [la for _, la in a] == pytest.approx([lb for _, lb in b], rel=1e-4)
+    assert ddp["valid_loss"] == pytest.approx(single["valid_loss"], rel=1e-4)
