@@ -94,3 +94,26 @@ def test_peer_mode_without_tooling_is_a_one_line_error(tmp_path, capsys):
     assert main_bench(["--peer", "--peer-tools", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("deepinit: error: no peer tooling")
+
+
+def test_cpu_dropout_rate_scale_gradient_and_seed():
+    from runner.model.dropout import Dropout, keep_mask
+
+    keep, scale = keep_mask(torch.Size([400, 500]), 0.3)
+    assert abs(1 - keep.float().mean().item() - 0.3) < 0.005  # 200k draws: 0.3 +- 5 sigma
+    assert scale == pytest.approx(1 / 0.7, rel=2e-5)
+    # the three 16-bit fields of each draw are independent: no pattern across neighbours
+    pairs = keep.view(-1)[:-1] & keep.view(-1)[1:]
+    assert abs(pairs.float().mean().item() - 0.49) < 0.01
+    drop = Dropout(0.3)
+    x = torch.randn(64, 33, requires_grad=True)
+    torch.manual_seed(3)
+    y = drop(x)
+    y.backward(torch.ones_like(y))
+    kept = y != 0
+    torch.testing.assert_close(y[kept], x[kept] * scale)
+    torch.testing.assert_close(x.grad, kept.float() * scale)
+    torch.manual_seed(3)
+    assert torch.equal(drop(x), y)  # masks come from torch's seeded generator
+    drop.eval()
+    assert drop(x) is x

@@ -6,6 +6,8 @@ import math
 import torch
 from torch import nn
 
+from runner.model.dropout import Dropout
+
 
 def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
     """fairseq SinusoidalPositionalEmbedding layout: [sin | cos] halves, not interleaved."""
@@ -28,7 +30,7 @@ class Embedder(nn.Module):
         self.scale = math.sqrt(dim) if scale else 1.0
         # Positions are a fixed function, not a parameter: kept out of the state_dict.
         self.register_buffer("positions", sinusoidal_table(max_positions, dim), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         """tokens: (B, T); `start` is the first position (incremental decoding)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runner.model.dropout import Dropout
 from runner.model.linear import make_linear
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -15,7 +16,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = make_linear(dim, ffn_dim, parameterization)
         self.activation = ACTIVATIONS[activation]()
-        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.activation_dropout = Dropout(activation_dropout)
         self.fc2 = make_linear(ffn_dim, dim, parameterization)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from runner.model.dropout import Dropout
 from runner.model.norms import make_norm
 
 
@@ -52,7 +53,7 @@ class Sublayer(nn.Module):
         self.pre_norm = make_norm(norm_kind, dim, eps) if slots.pre_norm else identity()
         self.branch = branch
         self.branch_norm = make_norm(norm_kind, dim, eps) if slots.branch_norm else identity()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.post_norm = make_norm(norm_kind, dim, eps) if slots.post_norm else identity()
         self.omega = nn.Parameter(torch.ones(dim if residual.omega_vector else 1),
                                   requires_grad=residual.omega_trainable)
