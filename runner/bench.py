@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import shutil
 import statistics
@@ -406,6 +407,7 @@ def run_entry(entry: Entry, work: Path) -> dict:
             "rss_before_trainer_mb": rss_start, "windows": windows, "load_train": probe.as_dict(),
         }
         if entry.decode:
+            full_length_decoding(trainer.model, trainer.tgt_dict.eos_index)
             test = trainer.data.splits[cfg.data.test_split]
             n = min(entry.decode, len(test))
             test = test.subset(np.arange(n)) if n < len(test) else test
@@ -416,6 +418,22 @@ def run_entry(entry: Entry, work: Path) -> dict:
         return out
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def full_length_decoding(model, eos: int) -> None:
+    """Make an untrained model decode up to the length cap, as fairseq's untrained model does
+    by itself (its 500 test outputs are exactly the cap long): eos logits are lowered by 1e4, so
+    eos comes only where the search forces it. Without this, an untrained deepinit model ends
+    beam-5 hypotheses after a few tokens, and fewer steps would be compared with more."""
+    base = type(model)
+
+    class FullLength(base):
+        def decode(self, *args, **kwargs):
+            logits = base.decode(self, *args, **kwargs)
+            logits[..., eos] -= 1e4
+            return logits
+
+    model.__class__ = FullLength
 
 
 def worker_main(argv: list[str]) -> int:
@@ -460,6 +478,13 @@ def run_peer(config: str, args, decode: bool) -> dict:
     out: dict[str, Any] = {"config": config, "returncode": proc.returncode,
                            "wall_s": time.perf_counter() - t0, "load": probe.as_dict(),
                            "stderr_tail": proc.stderr.strip().splitlines()[-6:]}
+    # "<name>_decode_beam5: runs sentences/s = ..; generated tokens/s median X; N tokens; ..."
+    for line in proc.stderr.splitlines():
+        m = re.search(r"_decode_beam(\d): .*generated tokens/s median ([\d.]+); (\d+) tokens", line)
+        if m:
+            key = "beam5" if m.group(1) == "5" else "greedy"
+            out[f"{key}_tokens_per_s"] = float(m.group(2))
+            out[f"{key}_tokens"] = int(m.group(3))
     for line in proc.stdout.splitlines():
         name, _, value = line.partition(" ")
         key, _, number = value.partition("=")
@@ -527,6 +552,18 @@ def summarize_pair(name: str, peer_name: str, ours: list[dict], peer: list[dict]
         m, t = _median(mine), _median(theirs)
         row[key] = {"deepinit": m, "fairseq": t, "deepinit_runs": mine, "fairseq_runs": theirs,
                     "ratio": m / t if m and t else None, "target": TARGETS.get(key)}
+    # Decoding work: output tokens per sentence on each side. An untrained model may end beams
+    # early on one side; equal lengths mean equal work.
+    for key in ("beam5", "greedy"):
+        mine = [(r.get(key) or {}) for r in ours]
+        mine_tps = _median([d.get("tokens_per_s") for d in mine])
+        mine_len = _median([d["tokens_per_s"] * d["seconds"] / d["sentences"] for d in mine if d])
+        theirs_len = _median([r[f"{key}_tokens"] / DECODE_SENTENCES for r in peer if r.get(f"{key}_tokens")])
+        theirs_tps = _median([r.get(f"{key}_tokens_per_s") for r in peer])
+        row[f"{key}_output_tokens_per_sentence"] = {"deepinit": mine_len, "fairseq": theirs_len}
+        row[f"{key}_output_tokens_per_s"] = {
+            "deepinit": mine_tps, "fairseq": theirs_tps,
+            "ratio": mine_tps / theirs_tps if mine_tps and theirs_tps else None}
     if flops and peak.get("gflops"):
         for side in ("deepinit", "fairseq"):
             tps = row["tokens_per_s"][side]
@@ -596,15 +633,25 @@ def print_tables(report: dict) -> None:
                         "alternating runs", title_justify="left")
         for col in ("measure", "deepinit", "fairseq", "ratio", "target", "deepinit runs", "fairseq runs"):
             t.add_column(col, justify="right")
-        for key in ("tokens_per_s", "beam5_sentences_per_s", "greedy_sentences_per_s"):
+        labels = {"tokens_per_s": "train tok/s", "beam5_sentences_per_s": "beam5 sent/s",
+                  "greedy_sentences_per_s": "greedy sent/s"}
+        for key, label in labels.items():
             r = row[key]
             ok = r["ratio"] is not None and r["target"] is not None and r["ratio"] >= r["target"]
             ratio = _fmt(r["ratio"], ".2f")
             if r["target"] is not None and r["ratio"] is not None:
                 ratio = f"[{'green' if ok else 'red'}]{ratio}[/]"
-            t.add_row(key, _fmt(r["deepinit"], ",.1f"), _fmt(r["fairseq"], ",.1f"), ratio,
+            t.add_row(label, _fmt(r["deepinit"], ",.1f"), _fmt(r["fairseq"], ",.1f"), ratio,
                       _fmt(r["target"], ".1f"), ", ".join(_fmt(v, ",.1f") for v in r["deepinit_runs"]),
                       ", ".join(_fmt(v, ",.1f") for v in r["fairseq_runs"]))
+        for key in ("beam5", "greedy"):
+            lengths = row.get(f"{key}_output_tokens_per_sentence") or {}
+            speed = row.get(f"{key}_output_tokens_per_s") or {}
+            if lengths.get("deepinit") or lengths.get("fairseq"):
+                t.add_row(f"{key} out tok/sent", _fmt(lengths.get("deepinit"), ".1f"),
+                          _fmt(lengths.get("fairseq"), ".1f"), "", "", "", "")
+                t.add_row(f"{key} out tok/s", _fmt(speed.get("deepinit"), ",.0f"),
+                          _fmt(speed.get("fairseq"), ",.0f"), _fmt(speed.get("ratio"), ".2f"), "", "", "")
         if row.get("mfu"):
             t.add_row("MFU", _fmt(100 * (row["mfu"]["deepinit"] or 0), ".1f") + "%",
                       _fmt(100 * (row["mfu"]["fairseq"] or 0), ".1f") + "%", "", "", "", "")
