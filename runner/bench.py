@@ -557,7 +557,8 @@ def summarize_pair(name: str, peer_name: str, ours: list[dict], peer: list[dict]
     for key in ("beam5", "greedy"):
         mine = [(r.get(key) or {}) for r in ours]
         mine_tps = _median([d.get("tokens_per_s") for d in mine])
-        mine_len = _median([d["tokens_per_s"] * d["seconds"] / d["sentences"] for d in mine if d])
+        mine_len = _median([d["tokens_per_s"] * d["seconds"] / d["sentences"] for d in mine
+                            if d.get("tokens_per_s") and d.get("seconds") and d.get("sentences")])
         theirs_len = _median([r[f"{key}_tokens"] / DECODE_SENTENCES for r in peer if r.get(f"{key}_tokens")])
         theirs_tps = _median([r.get(f"{key}_tokens_per_s") for r in peer])
         row[f"{key}_output_tokens_per_sentence"] = {"deepinit": mine_len, "fairseq": theirs_len}
