@@ -659,6 +659,65 @@ def print_tables(report: dict) -> None:
         console.print(t)
 
 
+def markdown_tables(report: dict) -> str:
+    """The report's tables as Markdown (written next to the JSON, for docs/performance.md)."""
+    peak, m = report["peak"], report["machine"]
+    lines = [f"Machine: {m['device_name']}, {m['cpus']} CPUs, {m['threads']} threads, torch {m['torch']}; "
+             f"peak {peak['gflops']:,.0f} GFLOP/s {peak['dtype']} ({peak['source']}); load average "
+             f"{m['loadavg_start'][0]:.2f} at the start, {m.get('loadavg_end', [float('nan')])[0]:.2f} at the end. "
+             f"Command: `{' '.join(report['command'])}`.", ""]
+    entries = [e for e in report["entries"] if e["group"] == "preset" and e["status"] != "failed"]
+    if entries:
+        lines += ["| preset | model | tok/s median (min-max) | tok/CPU-s | ms/update | tok/update | peak MB "
+                  "| padding | MFU | beam5 sent/s | greedy sent/s | other load |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for e in entries:
+            mfu = e["tokens_per_s"] * e["flops_per_target_token"] / 1e9 / peak["gflops"]
+            lines.append(
+                f"| {e['name']} | {e['model']} {e['precision']} | {e['tokens_per_s']:,.0f} "
+                f"({e['tokens_per_s_min']:,.0f}-{e['tokens_per_s_max']:,.0f}) | {e['tokens_per_cpu_s']:,.0f} "
+                f"| {e['ms_per_update']:,.0f} | {e['tokens_per_update']:,.0f} | {e['peak_memory_mb']:,.0f} "
+                f"| {100 * e['padding_fraction']:.1f}% | {100 * mfu:.1f}% "
+                f"| {_fmt((e.get('beam5') or {}).get('sentences_per_s'), '.1f')} "
+                f"| {_fmt((e.get('greedy') or {}).get('sentences_per_s'), '.1f')} "
+                f"| {e['load_train']['other_cores']:.2f} |")
+        lines.append("")
+    depth = [e for e in report["entries"] if e["group"] == "depth" and e["status"] != "failed"]
+    if depth:
+        lines += ["| layers | checkpointing | ms/update | ms/update/layer | peak MB | loss | other load |",
+                  "|---|---|---|---|---|---|---|"]
+        for e in depth:
+            lines.append(f"| {e['layers']}+{e['layers']} | {'yes' if e['checkpointing'] else 'no'} "
+                         f"| {e['ms_per_update']:,.0f} | {e['ms_per_update'] / (2 * e['layers']):.2f} "
+                         f"| {e['peak_memory_mb']:,.0f} | {_fmt(e['train_loss'], '.3f')} "
+                         f"| {e['load_train']['other_cores']:.2f} |")
+        lines.append("")
+    for name, row in (report.get("peer") or {}).items():
+        lines += [f"{name} (fairseq config `{row['peer_config']}`), medians of alternating runs:", "",
+                  "| measure | deepinit | fairseq | ratio | target | deepinit runs | fairseq runs |",
+                  "|---|---|---|---|---|---|---|"]
+        for key, label in (("tokens_per_s", "train tok/s"), ("beam5_sentences_per_s", "beam-5 sent/s"),
+                           ("greedy_sentences_per_s", "greedy sent/s")):
+            r = row[key]
+            lines.append(f"| {label} | {_fmt(r['deepinit'], ',.1f')} | {_fmt(r['fairseq'], ',.1f')} "
+                         f"| {_fmt(r['ratio'], '.2f')} | {_fmt(r['target'], '.1f')} "
+                         f"| {', '.join(_fmt(v, ',.1f') for v in r['deepinit_runs'])} "
+                         f"| {', '.join(_fmt(v, ',.1f') for v in r['fairseq_runs'])} |")
+        for key in ("beam5", "greedy"):
+            lengths = row.get(f"{key}_output_tokens_per_sentence") or {}
+            if lengths.get("deepinit") or lengths.get("fairseq"):
+                lines.append(f"| {key} output tok/sentence | {_fmt(lengths.get('deepinit'), '.1f')} "
+                             f"| {_fmt(lengths.get('fairseq'), '.1f')} | | | | |")
+        if row.get("mfu"):
+            lines.append(f"| MFU | {_fmt(100 * (row['mfu']['deepinit'] or 0), '.1f')}% "
+                         f"| {_fmt(100 * (row['mfu']['fairseq'] or 0), '.1f')}% | | | | |")
+        loads = [r["load_train"]["other_cores"] for r in row["deepinit_runs"] if r.get("load_train")]
+        peer_loads = [r["load"]["other_cores"] for r in row["fairseq_runs"] if r.get("load")]
+        lines += ["", f"Other processes' load (cores): deepinit runs {', '.join(f'{x:.2f}' for x in loads)}; "
+                      f"fairseq runs {', '.join(f'{x:.2f}' for x in peer_loads)}.", ""]
+    return "\n".join(lines)
+
+
 def machine_info(device: str, threads: int) -> dict:
     import torch
 
@@ -773,8 +832,9 @@ def main_bench(argv: list[str]) -> int:
     report["machine"]["loadavg_end"] = os.getloadavg()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=1, default=float))
+    out_path.with_suffix(".md").write_text(markdown_tables(report) + "\n")
     print_tables(report)
-    console.print(f"JSON: {out_path}")
+    console.print(f"JSON: {out_path} (Markdown tables: {out_path.with_suffix('.md')})")
     failed = [e["name"] for e in report["entries"] if e["status"] == "failed"]
     for row in (report.get("peer") or {}).values():
         failed += [f"deepinit {row['peer_config']}" for r in row["deepinit_runs"] if r["status"] == "failed"]
