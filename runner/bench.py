@@ -261,14 +261,19 @@ def busy_cpu_seconds() -> float:
 class LoadProbe:
     """Cores used by other processes while a block ran (the machine may be shared)."""
 
+    @staticmethod
+    def _own_cpu() -> float:  # this process and its waited-for children (the peer's scripts)
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
     def __enter__(self):
-        self.busy, self.cpu, self.t0 = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        self.busy, self.cpu, self.t0 = busy_cpu_seconds(), self._own_cpu(), time.perf_counter()
         self.loadavg_before = os.getloadavg()[0]
         return self
 
     def __exit__(self, *exc):
         wall = max(time.perf_counter() - self.t0, 1e-9)
-        own = time.process_time() - self.cpu
+        own = self._own_cpu() - self.cpu
         self.other_cores = max(0.0, (busy_cpu_seconds() - self.busy - own) / wall)
         self.loadavg_after = os.getloadavg()[0]
 
