@@ -790,6 +790,9 @@ def main_bench(argv: list[str]) -> int:
         print("deepinit: error: --device cuda but no CUDA device is visible", file=sys.stderr)
         return 2
     args.compile_on = args.compile == "on" or (args.compile == "auto" and cuda)
+    if args.presets:  # "--presets tiny key=value": argparse gives the override to --presets
+        args.override += [p for p in args.presets if "=" in p]
+        args.presets = [p for p in args.presets if "=" not in p]
     if args.presets is None:
         args.presets = ["ci"] if args.quick else ["tiny", "small", "ci"] + (["base"] if cuda else [])
     unknown = [p for p in args.presets if p not in PRESETS]
