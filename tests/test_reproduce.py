@@ -83,7 +83,7 @@ def test_wall_time_estimate_packs_cells_into_slots():
 @pytest.mark.parametrize("preset,axes,expect", [
     ("reproduce_table2_cpu", {"method": "post_ln", "model.layers": "18"},
      {"norm.placement": "post", "warmup.updates": 0, "optim.name": "adam", "optim.lr": 1e-3,
-      "data.name": "toy", "model.dim": 64, "model.layers": 18, "trainer.max_updates": 1000}),
+      "data.name": "toy", "model.dim": 64, "model.layers": 18, "trainer.max_updates": 500}),
     ("reproduce_table2_cpu", {"method": "admin", "model.layers": "6"},
      {"init.name": "admin", "norm.placement": "post"}),
     ("reproduce_grid_cpu", {"method": "pre_ln", "optim.beta2": "0.995", "optim.lr": "3e-4"},
