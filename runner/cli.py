@@ -7,6 +7,7 @@
     deepinit analyze WHAT ...       the papers' diagnostic figures
     deepinit data prepare NAME ...  prepare a corpus
     deepinit bench ...              throughput benchmark
+    deepinit reproduce TARGET ...   a paper's table (what `make reproduce-TARGET` runs)
 """
 from __future__ import annotations
 
@@ -160,6 +161,7 @@ VERBS = {
     "analyze": _lazy("runner.analysis", "main_analyze"),
     "data": _lazy("runner.data.prepare", "main_data"),
     "bench": _lazy("runner.bench", "main_bench"),
+    "reproduce": _lazy("runner.reproduce", "main"),
 }
 
 if __name__ == "__main__":
