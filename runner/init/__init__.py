@@ -8,7 +8,7 @@ Each scheme is a module with
 and optionally
     requirements(cfg) -> list[str]        one line per violated requirement, naming the fix
     residual(cfg) -> ResidualSpec         which residual scales train (fixed at construction)
-    on_update(model, step) -> None        called after every optimizer update (alpha ramps)
+    on_update(model, step, cfg) -> None   called after every optimizer update (alpha ramps)
 The registry is this dict literal; nothing registers itself on import.
 """
 from __future__ import annotations
@@ -55,5 +55,6 @@ def apply(model, cfg, batch=None) -> dict:
 
 
 def on_update_hook(cfg):
-    """The scheme's per-update hook, or None (so the train loop calls nothing per update)."""
-    return getattr(get_scheme(cfg.init.name), "on_update", None)
+    """The scheme's per-update hook bound to cfg, or None (the train loop then calls nothing)."""
+    hook = getattr(get_scheme(cfg.init.name), "on_update", None)
+    return None if hook is None else (lambda model, step: hook(model, step, cfg))

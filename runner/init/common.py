@@ -121,8 +121,8 @@ def unique_tables(model) -> list[tuple[str, nn.Parameter]]:
 
 def fill_alpha(model, value: float) -> None:
     with torch.no_grad():
-        for layer in (*model.encoder.layers, *model.decoder.layers):
-            layer.alpha.fill_(value)
+        for ref in model.sublayers():
+            ref.alpha.fill_(value)
 
 
 def needs_placement(cfg, placement: str, message: str) -> list[str]:

@@ -4,7 +4,7 @@ sublayers), alpha = 0 at init and trained. Weights are the default Xavier.
 
 The variants share this module's machinery:
 - rezero_postln (CLN, methods 4.8): the same alpha with Post-LN;
-- skipinit (De & Smith 2020, unverified here): the same form as rezero in this model;
+- skipinit (De & Smith 2020, unverified here): one alpha per residual branch instead of per layer;
 - rezero_ramp (seed 004): alpha is not trained but rises by init.alpha_ramp_step per update
   until it reaches 1. Any of the schemes above ramps when init.alpha_ramp_step > 0."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ def ramping(cfg) -> bool:
     return cfg.init.alpha_ramp_step > 0
 
 
-def alpha_residual(cfg) -> ResidualSpec:
-    return ResidualSpec(alpha_trainable=not ramping(cfg))
+def alpha_residual(cfg, per_layer: bool = True) -> ResidualSpec:
+    return ResidualSpec(alpha_trainable=not ramping(cfg), alpha_per_layer=per_layer)
 
 
 def alpha_apply(model, cfg, rule: str) -> dict:
@@ -28,29 +28,16 @@ def alpha_apply(model, cfg, rule: str) -> dict:
     fill_alpha(model, 0.0)
     report = {"rule": rule, "alpha_init": 0.0, "alpha_trained": not ramping(cfg)}
     if ramping(cfg):
-        model.alpha_ramp_step = cfg.init.alpha_ramp_step
         report["alpha_ramp_step"] = cfg.init.alpha_ramp_step
     return report
 
 
-def ramp_step_of(model, step: int) -> float:
-    """The ramp's step size. apply() records it on the model; after a resume (apply() is not
-    called) it is recovered from the restored alpha, which is exactly (step - 1) * r while
-    below 1. The hook receives only (model, step), not the config."""
-    if hasattr(model, "alpha_ramp_step"):
-        return model.alpha_ramp_step
-    alpha = float(model.encoder.layers[0].alpha)
-    model.alpha_ramp_step = alpha / (step - 1) if step > 1 else 0.0
-    return model.alpha_ramp_step
-
-
-def on_update(model, step: int) -> None:
-    """Seed 004's fixed-step ramp: after update `step`, alpha = min(1, step * r). A no-op when
-    alpha is trained (no ramp)."""
-    first = model.encoder.layers[0].alpha if len(model.encoder.layers) else model.decoder.layers[0].alpha
-    if first.requires_grad or float(first) >= 1.0:
+def on_update(model, step: int, cfg) -> None:
+    """Seed 004's fixed-step ramp: after update `step`, alpha = min(1, step * r). A function of
+    the step alone, so a resumed run continues exactly. A no-op when alpha is trained."""
+    if not ramping(cfg) or step * cfg.init.alpha_ramp_step > 1.0 + cfg.init.alpha_ramp_step:
         return
-    fill_alpha(model, min(1.0, step * ramp_step_of(model, step)))
+    fill_alpha(model, min(1.0, step * cfg.init.alpha_ramp_step))
 
 
 def requirements(cfg) -> list[str]:

@@ -1,7 +1,7 @@
-"""`init=skipinit`: SkipInit (De & Smith 2020) in its usual definition x + alpha * F(x), alpha = 0
-at init and trained, no normalization (methods 8: not verified against a reference
-implementation). In this model alpha is one scalar per layer shared by its sublayers, so this is
-the same computation as `rezero`; SkipInit proper has one alpha per residual branch."""
+"""`init=skipinit`: SkipInit (De & Smith 2020) in its usual definition x + alpha * F(x) with one
+alpha per residual branch, alpha = 0 at init and trained, no normalization (methods 8: not
+verified against a reference implementation). `rezero` differs only in sharing one alpha across
+a layer's sublayers (rztx.py)."""
 from __future__ import annotations
 
 from runner.init.common import needs_placement
@@ -13,8 +13,8 @@ def requirements(cfg) -> list[str]:
 
 
 def residual(cfg):
-    return alpha_residual(cfg)
+    return alpha_residual(cfg, per_layer=False)
 
 
 def apply(model, cfg, batch=None) -> dict:
-    return alpha_apply(model, cfg, "SkipInit: no norm, alpha = 0 (methods 8, unverified)")
+    return alpha_apply(model, cfg, "SkipInit: no norm, alpha per residual branch = 0 (methods 8, unverified)")

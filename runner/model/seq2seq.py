@@ -26,31 +26,42 @@ class SublayerRef:
     layer: int  # 0-based index within its stack
     kind: str  # self_attn | cross_attn | ffn
     module: Sublayer  # .branch is MultiheadAttention (q/k/v/out_proj) or FeedForward (fc1/fc2)
-    alpha: nn.Parameter  # the layer's branch scale, shared by its sublayers
+
+    @property
+    def alpha(self) -> nn.Parameter:
+        """The branch scale (the same Parameter for a layer's sublayers when shared)."""
+        return self.module.alpha
 
     @property
     def name(self) -> str:
         return f"{self.side}.{self.layer}.{self.kind}"
 
 
+def share_alpha(sublayers: list[Sublayer], residual: ResidualSpec) -> None:
+    """ReZero's one alpha per layer (rztx.py): the sublayers hold the same Parameter, so the
+    state_dict keys are those of per-branch alpha (SkipInit) and schemes stay interchangeable."""
+    if residual.alpha_per_layer:
+        for sub in sublayers[1:]:
+            sub.alpha = sublayers[0].alpha
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, make_sublayer, residual: ResidualSpec):
         super().__init__()
-        self.alpha = nn.Parameter(torch.ones(1), requires_grad=residual.alpha_trainable)
         self.self_attn = make_sublayer(MultiheadAttention(
             cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention))
         self.ffn = make_sublayer(FeedForward(cfg.dim, cfg.ffn_dim, cfg.activation,
                                              cfg.activation_dropout, cfg.parameterization))
+        share_alpha([self.self_attn, self.ffn], residual)
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        x = self.self_attn(x, self.alpha, attn_mask=pad_mask)
-        return self.ffn(x, self.alpha)
+        x = self.self_attn(x, attn_mask=pad_mask)
+        return self.ffn(x)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, make_sublayer, residual: ResidualSpec):
         super().__init__()
-        self.alpha = nn.Parameter(torch.ones(1), requires_grad=residual.alpha_trainable)
         self.self_attn = make_sublayer(MultiheadAttention(
             cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention))
         self.cross_attn = make_sublayer(MultiheadAttention(
@@ -58,16 +69,17 @@ class DecoderLayer(nn.Module):
             self_attention=False))
         self.ffn = make_sublayer(FeedForward(cfg.dim, cfg.ffn_dim, cfg.activation,
                                              cfg.activation_dropout, cfg.parameterization))
+        share_alpha([self.self_attn, self.cross_attn, self.ffn], residual)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: Optional[torch.Tensor],
                 cache: Optional[dict] = None) -> torch.Tensor:
         # Training: causal mask only. Targets are right-padded, so a real token never sees a pad
         # key, and sdpa can use its flash kernel. Incremental decoding: one query, no mask.
-        x = self.self_attn(x, self.alpha, is_causal=cache is None,
+        x = self.self_attn(x, is_causal=cache is None,
                            cache=None if cache is None else cache.setdefault("self", {}))
-        x = self.cross_attn(x, self.alpha, memory=memory, attn_mask=memory_mask,
+        x = self.cross_attn(x, memory=memory, attn_mask=memory_mask,
                             cache=None if cache is None else cache.setdefault("cross", {}))
-        return self.ffn(x, self.alpha)
+        return self.ffn(x)
 
 
 class Stack(nn.Module):
@@ -127,12 +139,12 @@ class Seq2Seq(nn.Module):
     def sublayers(self) -> Iterator[SublayerRef]:
         """Every residual branch in forward order: encoder layers, then decoder layers."""
         for i, layer in enumerate(self.encoder.layers):
-            yield SublayerRef("encoder", i, "self_attn", layer.self_attn, layer.alpha)
-            yield SublayerRef("encoder", i, "ffn", layer.ffn, layer.alpha)
+            yield SublayerRef("encoder", i, "self_attn", layer.self_attn)
+            yield SublayerRef("encoder", i, "ffn", layer.ffn)
         for i, layer in enumerate(self.decoder.layers):
-            yield SublayerRef("decoder", i, "self_attn", layer.self_attn, layer.alpha)
-            yield SublayerRef("decoder", i, "cross_attn", layer.cross_attn, layer.alpha)
-            yield SublayerRef("decoder", i, "ffn", layer.ffn, layer.alpha)
+            yield SublayerRef("decoder", i, "self_attn", layer.self_attn)
+            yield SublayerRef("decoder", i, "cross_attn", layer.cross_attn)
+            yield SublayerRef("decoder", i, "ffn", layer.ffn)
 
     def embedding_tables(self) -> dict[str, nn.Parameter]:
         """Token tables by role; tied roles are the same Parameter object."""

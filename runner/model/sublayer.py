@@ -3,9 +3,10 @@
     out = post_norm( omega * x + alpha * Dropout(branch_norm(branch(pre_norm(x)))) )
 
 omega (a d-vector, the shortcut scale of Admin/DeepNorm) and alpha (the branch scale of
-ReZero/SkipInit, one scalar per layer, shared by its sublayers as in rztx.py) always exist, so
-every init scheme sees the same state_dict; a scheme writes their values, and the model's
-ResidualSpec decides at construction whether they are trained.
+ReZero/SkipInit, a scalar) always exist, so every init scheme sees the same state_dict; a scheme
+writes their values, and the model's ResidualSpec decides at construction whether they are
+trained and whether a layer's sublayers share one alpha (ReZero, rztx.py) or each branch has its
+own (SkipInit).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class ResidualSpec:
     omega_trainable: bool = False
     omega_vector: bool = True  # False: one scalar per sublayer (Admin's scalar option)
     alpha_trainable: bool = False
+    alpha_per_layer: bool = True  # one alpha shared by a layer's sublayers (rztx.py); False: per branch
 
 
 class Sublayer(nn.Module):
@@ -57,7 +59,8 @@ class Sublayer(nn.Module):
         self.post_norm = make_norm(norm_kind, dim, eps) if slots.post_norm else identity()
         self.omega = nn.Parameter(torch.ones(dim if residual.omega_vector else 1),
                                   requires_grad=residual.omega_trainable)
+        self.alpha = nn.Parameter(torch.ones(1), requires_grad=residual.alpha_trainable)
 
-    def forward(self, x: torch.Tensor, alpha: torch.Tensor, **branch_kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, **branch_kwargs) -> torch.Tensor:
         h = self.dropout(self.branch_norm(self.branch(self.pre_norm(x), **branch_kwargs)))
-        return self.post_norm(torch.addcmul(h * alpha, x, self.omega))
+        return self.post_norm(torch.addcmul(h * self.alpha, x, self.omega))

@@ -84,21 +84,20 @@ def test_alpha_ramp_rises_by_a_fixed_step_until_one_and_survives_resume():
     seen = []
     for step in range(1, 6):
         hook(model, step)
-        seen.append(round(float(model.decoder.layers[1].alpha), 6))
+        seen.append(round(float(model.decoder.layers[1].ffn.alpha), 6))
     assert seen == [0.3, 0.6, 0.9, 1.0, 1.0]
     # A resumed run: a fresh model holding the checkpointed alpha (after update 2), no apply().
     resumed = make_model(cfg, seed=5)
     resumed.load_state_dict({**model.state_dict(),
                              **{k: torch.full((1,), 0.6) for k in model.state_dict() if k.endswith("alpha")}})
     hook(resumed, 3)
-    # the step is recovered from the fp32 alpha, so to fp32 precision
-    assert float(resumed.encoder.layers[0].alpha) == pytest.approx(0.9, rel=1e-6)
+    assert float(resumed.encoder.layers[0].self_attn.alpha) == pytest.approx(0.9, rel=1e-6)
 
 
 def test_rezero_hook_leaves_a_trained_alpha_alone():
     cfg = make_cfg("rezero", norm="none")
     model, _ = initialized(cfg)
     with torch.no_grad():
-        model.encoder.layers[0].alpha.fill_(0.123)
+        model.encoder.layers[0].self_attn.alpha.fill_(0.123)
     on_update_hook(cfg)(model, 10)
-    assert float(model.encoder.layers[0].alpha.detach()) == torch.tensor(0.123).item()
+    assert float(model.encoder.layers[0].ffn.alpha.detach()) == torch.tensor(0.123).item()

@@ -19,7 +19,8 @@ WEIGHTS = {f"{side}.{sub}.{p}" for side, subs in (("encoder", ("self_attn",)),
                                                               "decoder.ffn.fc1", "decoder.ffn.fc2"}
 OMEGAS = {"encoder.self_attn.omega", "encoder.ffn.omega", "decoder.self_attn.omega",
           "decoder.cross_attn.omega", "decoder.ffn.omega"}
-ALPHAS = {"encoder.alpha", "decoder.alpha"}
+ALPHAS = {"encoder.self_attn.alpha", "encoder.ffn.alpha", "decoder.self_attn.alpha",
+          "decoder.cross_attn.alpha", "decoder.ffn.alpha"}
 TABLES = {"embedding.encoder", "embedding.decoder", "embedding.output"}
 VO_FC = {r for r in WEIGHTS if r.endswith((".v", ".out", ".fc1", ".fc2"))}
 
@@ -49,9 +50,9 @@ def role(key: str) -> str:
     m = re.match(r"(encoder|decoder)\.layers\.\d+\.(\w+)\.omega$", key)
     if m:
         return f"{m[1]}.{m[2]}.omega"
-    m = re.match(r"(encoder|decoder)\.layers\.\d+\.alpha$", key)
+    m = re.match(r"(encoder|decoder)\.layers\.\d+\.(\w+)\.alpha$", key)
     if m:
-        return f"{m[1]}.alpha"
+        return f"{m[1]}.{m[2]}.alpha"
     m = re.match(r"(encoder|decoder)\.embedder\.tokens\.weight$", key)
     if m:
         return f"embedding.{m[1]}"
@@ -113,3 +114,26 @@ def test_alpha_is_trained_for_rezero_and_fixed_for_the_ramp():
     for a, b in zip(rezero.sublayers(), ramp.sublayers()):
         assert float(a.alpha.detach()) == 0.0 and a.alpha.requires_grad
         assert float(b.alpha) == 0.0 and not b.alpha.requires_grad
+
+
+def test_rezero_shares_alpha_per_layer_and_skipinit_has_one_per_branch():
+    """rztx.py: one resweight per layer; SkipInit: one alpha per residual branch. After one update
+    ReZero's sublayers in a layer still agree, SkipInit's branches have moved apart."""
+    for scheme, shared in (("rezero", True), ("skipinit", False)):
+        model, _ = initialized(make_cfg(scheme, norm="none"))
+        layer = model.decoder.layers[0]
+        alphas = [layer.self_attn.alpha, layer.cross_attn.alpha, layer.ffn.alpha]
+        assert all((a is alphas[0]) == shared for a in alphas[1:])
+        trainable = [n for n, p in model.named_parameters() if n.endswith("alpha")]
+        per_layer = len(model.encoder.layers) + len(model.decoder.layers)
+        per_branch = 2 * len(model.encoder.layers) + 3 * len(model.decoder.layers)
+        assert len(trainable) == (per_layer if shared else per_branch)
+        torch.manual_seed(0)
+        src = torch.randint(4, 40, (2, 6))
+        prev = torch.randint(4, 40, (2, 5))
+        model(src, prev).pow(2).mean().backward()
+        with torch.no_grad():
+            for a in alphas:
+                a -= a.grad  # one SGD step: each alpha leaves 0 along its own gradient
+        values = [float(a.detach()) for a in alphas]
+        assert (max(values) - min(values) == 0.0) == shared, (scheme, values)
