@@ -184,6 +184,9 @@ class DivergenceConfig:
     loss_bound: float = 20.0  # per-token loss (nats) above which an update counts as bad
     patience: int = 50  # consecutive bad updates before the run is declared diverged
     check_interval: int = 10  # updates between checks (a host sync on CUDA)
+    # A finished run is "stalled" when its best valid NLL is not at least this many nats below
+    # the valid targets' unigram NLL (it learned word frequencies only). A label, never a stop.
+    stall_margin: float = 0.1
 
 
 @dataclass

@@ -32,7 +32,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 SCALES = ("cpu", "paper")
 LAUNCHERS = ("basic", "local", "slurm")
-FINISHED = ("ok", "diverged")  # the trainer skips these; "failed" (a crash) is rerun
+FINISHED = ("ok", "diverged", "stalled")  # the trainer skips these; "failed" (a crash) is rerun
 
 # CPU cost model for the plan's time estimate: seconds per update per layer of each stack for the
 # 64-128-2 model on the toy task (2,048-token batches, one thread), measured on this 2-core
@@ -110,7 +110,7 @@ class Target:
 @dataclass
 class CellResult:
     axes: dict[str, str]
-    status: str  # ok | diverged | failed | running | pending
+    status: str  # ok | diverged | stalled | failed | running | pending
     result: dict = field(default_factory=dict)
     path: Optional[Path] = None
 
@@ -286,17 +286,19 @@ def summarize(cells: Sequence[CellResult], metric: str) -> Optional[float]:
 
 def fmt_ours(cells: Sequence[CellResult], scale: str) -> str:
     """One table entry for our cells of one setting (several = seeds): 'failed' where the runs
-    diverged, the metric (mean ± std over seeds) otherwise."""
+    diverged or stalled at the unigram plateau, the metric (mean ± std over seeds) otherwise."""
     if not cells:
         return "not run"
     n = len(cells)
-    div = sum(c.status == "diverged" for c in cells)
+    div = sum(c.status in ("diverged", "stalled") for c in cells)
     crashed = sum(c.status == "failed" for c in cells)
     unfinished = sum(c.status in ("running", "pending") for c in cells)
     ok = [c for c in cells if c.status == "ok"]
     if unfinished == n:
         return "pending" if all(c.status == "pending" for c in cells) else "running"
     if div == n:
+        if n == 1 and cells[0].status == "stalled":
+            return "failed (stalled)"
         step = cells[0].result.get("diverged_step")
         return "failed" + (f" (diverged @{step})" if n == 1 and step is not None else "")
     if crashed == n:
@@ -351,10 +353,10 @@ def _ints(cells: Sequence[CellResult], axis: str) -> list[int]:
 
 
 def _failed_all(cells: Sequence[CellResult]) -> Optional[bool]:
-    """Every cell diverged (None when there are no cells or some are unfinished)."""
+    """Every cell diverged or stalled (None when there are no cells or some are unfinished)."""
     if not cells or any(c.status in ("running", "pending") for c in cells):
         return None
-    return all(c.status in ("diverged", "failed") for c in cells)
+    return all(c.status in ("diverged", "stalled", "failed") for c in cells)
 
 
 def _trained(cells: Sequence[CellResult]) -> Optional[bool]:
@@ -372,9 +374,10 @@ def _all(values: Sequence[Optional[bool]]) -> Optional[bool]:
 
 
 def _status_line(all_cells: Sequence[CellResult]) -> str:
-    n = {s: sum(c.status == s for c in all_cells) for s in ("ok", "diverged", "failed",
+    n = {s: sum(c.status == s for c in all_cells) for s in ("ok", "diverged", "stalled", "failed",
                                                              "running", "pending")}
-    return (f"{len(all_cells)} cells: {n['ok']} ok, {n['diverged']} diverged, {n['failed']} crashed, "
+    return (f"{len(all_cells)} cells: {n['ok']} ok, {n['diverged']} diverged, {n['stalled']} stalled, "
+            f"{n['failed']} crashed, "
             f"{n['running'] + n['pending']} unfinished")
 
 
@@ -461,9 +464,9 @@ def render_grid(o: Outcome) -> str:
         sel = _select(cells, method=m)
         if not sel:
             continue
-        blocks += [f"### {name}: {metric} (beta2 x lr, \"failed\" = diverged)", "",
+        blocks += [f"### {name}: {metric} (beta2 x lr, \"failed\" = diverged, \"stalled\" = unigram plateau)", "",
                    _grid_map(sel, metric), ""]
-        div = sum(c.status in ("diverged", "failed") for c in sel)
+        div = sum(c.status in ("diverged", "stalled", "failed") for c in sel)
         conv = [c for c in sel if c.status == "ok"]
         beats = 0
         for c in conv:
@@ -480,12 +483,12 @@ def render_grid(o: Outcome) -> str:
     post_done = [c for c in post if c.status not in ("running", "pending")]
     checks = [
         ("Post-LN diverges in several cells (2 or more)",
-         sum(c.status in ("diverged", "failed") for c in post) >= 2 or
+         sum(c.status in ("diverged", "stalled", "failed") for c in post) >= 2 or
          (None if len(post_done) < len(post) or not post else False)),
         ("Pre-LN converges in every cell", _trained(pre)),
         ("Admin converges in every cell", _trained(_select(cells, method="admin"))),
     ]
-    table = md_table(["method", "diverged (ours)", "diverged (paper)",
+    table = md_table(["method", "diverged or stalled (ours)", "diverged (paper)",
                       f"better than Pre-LN, same cell ({metric})", "paper"], summary)
     images = sorted(p.name for p in o.sweep_dir.glob("heatmap*.png"))
     extra = "\n".join(blocks) + ("\n" + "\n".join(f"![{Path(p).stem}]({p})" for p in images) + "\n"
@@ -670,7 +673,7 @@ def write_outputs(outcome: Outcome, metric: str, echo=print) -> Path:
             from runner.sweep.report import load_sweep, plot_heatmaps
 
             sweep = load_sweep(sweep_dir)
-            if any(c.status in ("ok", "diverged", "failed") for c in sweep.cells):
+            if any(c.status in ("ok", "diverged", "stalled", "failed") for c in sweep.cells):
                 plot_heatmaps(sweep, metric, sweep_dir)
         except Exception as exc:  # plots are extra; the table is the result
             echo(f"note: heatmaps not drawn ({type(exc).__name__}: {exc})")

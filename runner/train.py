@@ -25,6 +25,7 @@ from runner.config import ConfigError, validate
 from runner.console import console, log, progress_bar, summary_table
 from runner.data import build_data
 from runner.data.batching import Batch, collate, epoch_order, filter_by_length, make_batches
+from runner.data.dataset import unigram_nll
 from runner.loss import label_smoothed_nll
 from runner.model.seq2seq import build_model
 from runner.optim import build_optimizer, set_lr
@@ -138,6 +139,7 @@ class RunState:
     step: int = 0
     pos: DataPosition = field(default_factory=DataPosition)
     best_valid_loss: Optional[float] = None
+    best_valid_nll: Optional[float] = None
     best_metric: Optional[float] = None  # trainer.best_checkpoint_metric's best value
     train_tokens: int = 0
     train_seconds: float = 0.0
@@ -183,6 +185,7 @@ class Trainer:
         self.valid_batches = make_batches(valid, cfg.data.max_tokens, shuffle=False)
         if t.valid_max_batches:
             self.valid_batches = self.valid_batches[:t.valid_max_batches]
+        self.valid_unigram_nll = unigram_nll(train, valid, len(self.tgt_dict))
         self.data_stats = {
             "train_pairs": len(train), "train_filtered": int(len(train) - len(keep)),
             "valid_pairs": len(valid), "batches_per_epoch": len(self.batches),
@@ -258,8 +261,8 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "schedule": {"step": s.step},  # the lr is a pure function of the step
             "step": s.step, "epoch": s.pos.epoch, "epoch_index": s.pos.index,
-            "best_valid_loss": s.best_valid_loss, "best_metric": s.best_metric,
-            "train_tokens": s.train_tokens,
+            "best_valid_loss": s.best_valid_loss, "best_valid_nll": s.best_valid_nll,
+            "best_metric": s.best_metric, "train_tokens": s.train_tokens,
             "train_seconds": s.train_seconds, "wall_s": s.wall_before + (time.time() - self.t0),
             "bad_streak": s.bad_streak, "last_train_loss": s.last_train_loss,
             "last_valid": s.last_valid,
@@ -277,6 +280,7 @@ class Trainer:
         s.step = state["step"]
         s.pos.epoch, s.pos.index = state["epoch"], state["epoch_index"]
         s.best_valid_loss = state["best_valid_loss"]
+        s.best_valid_nll = state.get("best_valid_nll")
         s.best_metric = state.get("best_metric")
         s.train_tokens, s.train_seconds = state["train_tokens"], state["train_seconds"]
         s.wall_before = state["wall_s"]
@@ -451,12 +455,18 @@ class Trainer:
             writer.close()
 
         valid = s.last_valid or {}
+        stall_line = self.valid_unigram_nll - t.divergence.stall_margin
+        stalled = status == "ok" and s.best_valid_nll is not None and s.best_valid_nll > stall_line
+        if stalled:
+            log.warning("stalled: best valid NLL %.3f is not below the unigram NLL %.3f minus %.2f",
+                        s.best_valid_nll, self.valid_unigram_nll, t.divergence.stall_margin)
         result = {
             "status": status, "reason": reason, "diverged_step": diverged_step,
             "updates": s.step, "epochs": s.pos.epoch,
             "train_loss": s.last_train_loss, "valid_loss": valid.get("loss"),
             "valid_nll_loss": valid.get("nll_loss"), "valid_ppl": valid.get("ppl"),
-            "best_valid_loss": s.best_valid_loss,
+            "best_valid_loss": s.best_valid_loss, "best_valid_nll": s.best_valid_nll,
+            "valid_unigram_nll": self.valid_unigram_nll, "stalled": stalled,
             "tokens_per_s": s.train_tokens / max(s.train_seconds, 1e-9),
             "train_tokens": s.train_tokens,
             "wall_s": s.wall_before + time.time() - self.t0,
@@ -489,6 +499,8 @@ class Trainer:
         s.last_valid = valid
         if s.best_valid_loss is None or valid["loss"] < s.best_valid_loss:
             s.best_valid_loss = valid["loss"]
+        if s.best_valid_nll is None or valid["nll_loss"] < s.best_valid_nll:
+            s.best_valid_nll = valid["nll_loss"]
         if t.best_checkpoint_metric in ("loss", "bleu"):
             value = valid["loss"] if t.best_checkpoint_metric == "loss" else valid["bleu"]
             sign = 1.0 if t.best_checkpoint_metric == "loss" else -1.0

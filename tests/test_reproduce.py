@@ -160,6 +160,21 @@ def test_table2_cpu_layout_paper_numbers_and_failed(tmp_path):
     assert "9 cells: 8 ok, 1 diverged" in text
 
 
+def test_a_stalled_cell_counts_as_failed(tmp_path):
+    """A run that finished at the unigram plateau (result.json stalled) is a failure to train."""
+    losses = {"post_ln": {6: 2.10}, "pre_ln": {6: 2.20, 18: 2.35}, "admin": {6: 2.05, 18: 2.25}}
+    for m in ("post_ln", "pre_ln", "admin"):
+        for L in (6, 18):
+            res = ok(losses[m][L]) if L in losses[m] else {**ok(4.39), "stalled": True}
+            fake_cell(tmp_path, "reproduce_table2_cpu", {"method": m, "model.layers": L}, res)
+    part = rp.TARGETS["table2"].parts["cpu"][0]
+    out = rp.Outcome("table2", "cpu", {"": rp.collect(part, tmp_path)}, tmp_path)
+    text = rp.write_outputs(out, "best_valid_loss").read_text()
+    assert _row(text, "toy 18L")[2] == "failed (stalled)"
+    assert "- Post-LN fails at 18 layers: yes" in text
+    assert "1 stalled" in text
+
+
 def test_table2_pending_cells_and_unknown_checks(tmp_path):
     fake_cell(tmp_path, "reproduce_table2_cpu", {"method": "pre_ln", "model.layers": 6}, ok(2.0))
     part = rp.TARGETS["table2"].parts["cpu"][0]
@@ -283,7 +298,8 @@ def test_one_cell_end_to_end_then_resume_is_a_no_op(tmp_path, capsys):
     args = ["table2", "--scale", "cpu", "--launcher", "basic", "--out", str(tmp_path),
             "method=pre_ln", "model.layers=1", "trainer.max_updates=4", "trainer.log_interval=2",
             "trainer.valid_interval=0", "trainer.save_interval=0", "data.toy.train_size=100",
-            "data.toy.valid_size=10", "data.toy.test_size=10"]
+            "data.toy.valid_size=10", "data.toy.test_size=10",
+            "trainer.divergence.stall_margin=-1000"]  # 4 updates: never call it stalled
     assert rp.main(args) == 0
     out = capsys.readouterr().out
     sweep = tmp_path / "table2-cpu"

@@ -124,3 +124,32 @@ def test_multirun_sweep_skips_finished_cells(tmp_path):
     assert (cells[0] / "result.json").exists()
     for cell in cells[1:]:
         assert (cell / "result.json").stat().st_mtime == stamps[cell]  # skipped, untouched
+
+
+def test_a_run_that_learns_nothing_is_stalled_not_diverged(tmp_path):
+    """The unigram plateau (deep Post-LN without warmup): status ok, but labelled stalled."""
+    import collections
+    import math
+
+    from runner.data import build_data
+
+    cfg = tiny_cfg(["optim=sgd", "optim.lr=1e-12", "warmup=none", "schedule=constant",
+                    "trainer.max_updates=20", "trainer.valid_interval=10"])
+    result = train(cfg, tmp_path)
+    assert result["status"] == "ok" and result["stalled"] is True
+    # the plateau, recomputed here: add-one unigram of the training targets, scored on valid
+    data = build_data(cfg.data)
+    train_split, valid = data.splits[cfg.data.train_split], data.splits[cfg.data.valid_split]
+    counts = collections.Counter(train_split.tgt_tokens.tolist())
+    vocab = len(data.tgt_dict)
+    total = len(train_split.tgt_tokens) + vocab
+    want = -sum(math.log((counts[t] + 1) / total) for t in valid.tgt_tokens.tolist()) / len(valid.tgt_tokens)
+    assert result["valid_unigram_nll"] == pytest.approx(want, rel=1e-9)
+    assert result["best_valid_nll"] > want - cfg.trainer.divergence.stall_margin
+
+
+def test_a_run_that_learns_is_not_stalled(tmp_path):
+    result = train(tiny_cfg(["trainer.max_updates=200", "trainer.valid_interval=100", "optim.lr=3e-3",
+                             "trainer.save_interval=100", "data.toy.train_size=2000"]), tmp_path)
+    assert result["status"] == "ok" and result["stalled"] is False
+    assert result["best_valid_nll"] < result["valid_unigram_nll"] - 0.1

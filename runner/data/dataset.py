@@ -61,6 +61,15 @@ class TokenizedSplit:
                 "tgt_tokens": self.tgt_tokens, "tgt_offsets": self.tgt_offsets}
 
 
+def unigram_nll(train: TokenizedSplit, split: TokenizedSplit, vocab: int) -> float:
+    """Per-token NLL of `split`'s targets (eos included) under the add-one unigram distribution
+    of the training targets: what a model that ignores the source and the prefix reaches, the
+    plateau a deep Post-LN model stalls on."""
+    counts = np.bincount(train.tgt_tokens, minlength=vocab).astype(np.float64) + 1.0
+    log_p = np.log(counts / counts.sum())
+    return float(-log_p[split.tgt_tokens].mean())
+
+
 @dataclass
 class TranslationData:
     """Everything training and evaluation need from a corpus."""

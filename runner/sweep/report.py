@@ -25,7 +25,10 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-STATUSES = ("ok", "diverged", "failed", "running", "pending")
+# stalled: finished without diverging but never better than the target unigram (result.json
+# "stalled", docs/training.md); a failure to train, shown like a divergence.
+STATUSES = ("ok", "diverged", "stalled", "failed", "running", "pending")
+NOT_TRAINED = ("diverged", "stalled", "failed")
 # metric name -> True when larger is better
 METRICS = {"best_valid_loss": False, "valid_loss": False, "train_loss": False, "bleu": True}
 
@@ -73,7 +76,7 @@ class Sweep:
         out = {s: 0 for s in STATUSES}
         for c in self.cells:
             out[c.status] += 1
-        out["done"] = out["ok"] + out["diverged"] + out["failed"]
+        out["done"] = out["ok"] + out["diverged"] + out["stalled"] + out["failed"]
         out["total"] = len(self.cells)
         return out
 
@@ -143,6 +146,8 @@ def read_cell(run_dir: Path) -> Cell:
     status = result.get("status") if result else "running"
     if status not in STATUSES:
         status = "failed"
+    elif status == "ok" and result.get("stalled"):
+        status = "stalled"
     return Cell(path=run_dir, overrides=[o for o in overrides if _is_task_override(o)],
                 status=status, config=config, choices=choices, result=result,
                 valid_curve=sorted(curve), last_step=last)
@@ -370,7 +375,7 @@ def write_csv(sweep: Sweep, path: Path) -> None:
 def _counts_line(sweep: Sweep) -> str:
     n = sweep.counts()
     return (f"{n['total']} cells: {n['done']} done ({n['ok']} ok, {n['diverged']} diverged, "
-            f"{n['failed']} failed), {n['running']} running, {n['pending']} pending")
+            f"{n['stalled']} stalled, {n['failed']} failed), {n['running']} running, {n['pending']} pending")
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -421,7 +426,7 @@ def print_rich(sweep: Sweep, metric: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    style = {"ok": "green", "diverged": "red", "failed": "bold red", "running": "yellow",
+    style = {"ok": "green", "diverged": "red", "stalled": "magenta", "failed": "bold red", "running": "yellow",
              "pending": "dim"}
     console = Console()
     header, body = _cells_table(sweep)
@@ -485,8 +490,8 @@ def plot_heatmaps(sweep: Sweep, metric: str, out_dir: Path) -> list[Path]:
         text = [["" for _ in xs] for _ in ys]
         for c in members:
             i, j = ys.index(axis_value(c, ya)), xs.index(axis_value(c, xa))
-            if c.status in ("diverged", "failed"):
-                text[i][j] = "failed"
+            if c.status in NOT_TRAINED:
+                text[i][j] = "stalled" if c.status == "stalled" else "failed"
             elif c.status == "ok" and c.value(metric) is not None:
                 grid[i, j] = c.value(metric)
                 text[i][j] = _fmt(c.value(metric), 2)
@@ -540,7 +545,7 @@ def plot_curves(sweep: Sweep, out_dir: Path) -> list[Path]:
             steps, losses = zip(*c.valid_curve)
             label = cell_label(c, sweep.nuisance) if sweep.nuisance and key else \
                 cell_label(c, sweep.axes)
-            ls = "--" if c.status in ("diverged", "failed") else "-"
+            ls = "--" if c.status in NOT_TRAINED else "-"
             ax.plot(steps, losses, ls, marker=".", label=f"{label} ({c.status})")
         ax.set_xlabel("update")
         ax.set_ylabel("valid loss")
