@@ -445,8 +445,11 @@ def _grid_map(cells: Sequence[CellResult], metric: str) -> str:
         row = [f"beta2={b}"]
         for lr in lrs:
             sel = _select(cells, **{"optim.lr": lr, "optim.beta2": b})
-            if _failed_all(sel):
+            if sel and all(c.status in ("diverged", "failed") for c in sel):
                 row.append("failed")
+            elif sel and all(c.status == "stalled" for c in sel):
+                v = [c.get(metric) for c in sel if c.get(metric) is not None]
+                row.append("stalled" + (f" {statistics.fmean(v):.3f}" if v and metric != "bleu" else ""))
             else:
                 v = summarize(sel, metric)
                 row.append(("-" if not sel else sel[0].status) if v is None else
@@ -464,9 +467,10 @@ def render_grid(o: Outcome) -> str:
         sel = _select(cells, method=m)
         if not sel:
             continue
-        blocks += [f"### {name}: {metric} (beta2 x lr, \"failed\" = diverged, \"stalled\" = unigram plateau)", "",
+        blocks += [f"### {name}: {metric} (beta2 x lr, \"failed\" = diverged, \"stalled\" = ended at the unigram plateau)", "",
                    _grid_map(sel, metric), ""]
-        div = sum(c.status in ("diverged", "stalled", "failed") for c in sel)
+        div = sum(c.status in ("diverged", "failed") for c in sel)
+        stalled = sum(c.status == "stalled" for c in sel)
         conv = [c for c in sel if c.status == "ok"]
         beats = 0
         for c in conv:
@@ -476,19 +480,19 @@ def render_grid(o: Outcome) -> str:
             if m != "pre_ln" and twin and c.get(metric) is not None and \
                     twin[0].get(metric) is not None and _better(metric, c.get(metric), twin[0].get(metric)):
                 beats += 1
-        summary.append([name, f"{div}/{len(sel)}", f"{GRID_PAPER_DIVERGED[m]}/15",
+        summary.append([name, f"{div}/{len(sel)}", f"{stalled}/{len(sel)}", f"{GRID_PAPER_DIVERGED[m]}/15",
                         "-" if m == "pre_ln" else f"{beats} of {len(conv)} converged",
                         GRID_PAPER_NOTE[m]])
     post = _select(cells, method="post_ln")
     post_done = [c for c in post if c.status not in ("running", "pending")]
     checks = [
         ("Post-LN diverges in several cells (2 or more)",
-         sum(c.status in ("diverged", "stalled", "failed") for c in post) >= 2 or
+         sum(c.status in ("diverged", "failed") for c in post) >= 2 or
          (None if len(post_done) < len(post) or not post else False)),
         ("Pre-LN converges in every cell", _trained(pre)),
         ("Admin converges in every cell", _trained(_select(cells, method="admin"))),
     ]
-    table = md_table(["method", "diverged or stalled (ours)", "diverged (paper)",
+    table = md_table(["method", "diverged (ours)", "stalled (ours)", "diverged (paper)",
                       f"better than Pre-LN, same cell ({metric})", "paper"], summary)
     images = sorted(p.name for p in o.sweep_dir.glob("heatmap*.png"))
     extra = "\n".join(blocks) + ("\n" + "\n".join(f"![{Path(p).stem}]({p})" for p in images) + "\n"

@@ -218,15 +218,21 @@ def test_grid_counts_heatmaps_and_paper_counts(tmp_path):
         if c["method"] == "post_ln" and lr >= 3e-4 and (lr > 3e-4 or b2 == 0.999) and post_failed < 7:
             res = DIVERGED
             post_failed += 1
+        elif c["method"] == "pre_ln" and lr == 1e-4 and b2 == 0.99:
+            res = {**ok(4.4), "stalled": True}  # ended at the unigram plateau
         else:
             res = ok({"post_ln": 3.0, "pre_ln": 3.2, "admin": 3.1}[c["method"]] - lr * 100)
         fake_cell(tmp_path, part.preset, c, res, sweep=sweep)
     assert post_failed == 7
     out = rp.Outcome("grid", "cpu", {"": rp.collect(part, tmp_path)}, tmp_path)
     text = rp.write_outputs(out, "best_valid_loss").read_text()
-    assert _row(text, "Post-LN")[1:4] == ["7/15", "7/15", "8 of 8 converged"]
-    assert _row(text, "Pre-LN")[1:3] == ["0/15", "0/15"]
-    assert _row(text, "Admin")[1:4] == ["0/15", "0/15", "15 of 15 converged"]
+    # diverged, stalled, paper; "better than Pre-LN" only where the Pre-LN twin is ok
+    assert _row(text, "Post-LN")[1:5] == ["7/15", "0/15", "7/15", "7 of 8 converged"]
+    assert _row(text, "Pre-LN")[1:4] == ["0/15", "1/15", "0/15"]
+    assert _row(text, "Admin")[1:5] == ["0/15", "0/15", "0/15", "14 of 15 converged"]
+    pre_block = text.split("### Pre-LN")[1].split("###")[0]
+    assert "stalled 4.400" in pre_block
+    assert "- Pre-LN converges in every cell: no" in text
     post_block = text.split("### Post-LN")[1].split("###")[0]
     assert post_block.count("failed") - post_block.count('"failed"') == 7
     assert "- Post-LN diverges in several cells (2 or more): yes" in text
