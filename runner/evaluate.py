@@ -119,7 +119,9 @@ def _reorder_rows(caches: list[dict], parents: torch.Tensor) -> None:
     for cache in caches:
         sub = cache["self"]
         for key, value in sub.items():
-            if value.is_contiguous():
+            if not torch.is_tensor(value):
+                continue
+            if value.is_contiguous():  # the whole buffer: one flat row copy beats a strided one
                 flat = value.view(value.shape[0], -1)
                 flat.index_copy_(0, moved, flat.index_select(0, sources))
             else:
@@ -130,7 +132,8 @@ def _select(caches: list[dict], rows: torch.Tensor, part: str) -> None:
     for cache in caches:
         sub = cache[part]
         for key, value in sub.items():
-            sub[key] = _rows(value, rows)
+            if torch.is_tensor(value):
+                sub[key] = _rows(value, rows)
 
 
 @torch.inference_mode()

@@ -37,6 +37,26 @@ class MultiheadAttention(nn.Module):
     def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
 
+    @staticmethod
+    def _append(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's keys/values into preallocated buffers (capacity doubling) and return
+        views of the filled part: torch.cat per step would copy the whole prefix every step.
+        cache["k"]/["v"] are (B, H, capacity, Dh); cache["len"] counts the filled positions.
+        Capacity stays within twice the length, so a beam reorder that copies whole rows copies
+        at most twice the filled part."""
+        n, t = cache.get("len", 0), k.shape[2]
+        if "k" not in cache or cache["k"].shape[2] < n + t:
+            capacity = max(2 * (n + t), 16)
+            for key, new in (("k", k), ("v", v)):
+                buf = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
+                if n:
+                    buf[:, :, :n] = cache[key][:, :, :n]
+                cache[key] = buf
+        cache["k"][:, :, n:n + t] = k
+        cache["v"][:, :, n:n + t] = v
+        cache["len"] = n + t
+        return cache["k"][:, :, :n + t], cache["v"][:, :, :n + t]
+
     def forward(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None,
                 attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
                 cache: Optional[dict] = None) -> torch.Tensor:
@@ -52,11 +72,7 @@ class MultiheadAttention(nn.Module):
             if cache is None:
                 k, v = self.project_kv(x if memory is None else memory)
             elif memory is None:  # incremental self-attention: append this step
-                k, v = self.project_kv(x)
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = self._append(cache, *self.project_kv(x))
             else:  # cross-attention: encoder keys/values once per sentence
                 if "k" not in cache:
                     cache["k"], cache["v"] = self.project_kv(memory)
