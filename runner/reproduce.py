@@ -39,6 +39,7 @@ FINISHED = ("ok", "diverged", "stalled")  # the trainer skips these; "failed" (a
 # machine (docs/reproductions.md); plus a fixed cost per cell (process start, data, validation).
 SEC_PER_LAYER_UPDATE = 0.038
 CELL_OVERHEAD_S = 20.0
+TOY_MAX_TOKENS = 2048  # conf/data/toy.yaml; the step time above is for batches of this size
 
 
 def _sweeps_dir() -> Path:
@@ -222,7 +223,9 @@ def estimate_cell_s(preset: str, axes: dict[str, str], fixed: Sequence[str]) -> 
 
     layers = _preset_value(preset, "model.layers", fixed, axes) or ModelConfig.layers
     updates = _preset_value(preset, "trainer.max_updates", fixed, axes) or TrainerConfig.max_updates
-    return float(layers) * float(updates) * SEC_PER_LAYER_UPDATE + CELL_OVERHEAD_S
+    tokens = _preset_value(preset, "data.max_tokens", fixed, axes) or TOY_MAX_TOKENS
+    per_update = float(layers) * SEC_PER_LAYER_UPDATE * float(tokens) / TOY_MAX_TOKENS
+    return float(updates) * per_update + CELL_OVERHEAD_S
 
 
 def estimate_wall_s(costs: Sequence[float], parallel: int) -> float:

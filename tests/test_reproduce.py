@@ -92,7 +92,8 @@ def test_wall_time_estimate_packs_cells_into_slots():
     ("reproduce_tfixup_depth_cpu", {"model.layers": "200"},
      {"init.name": "tfixup", "norm.placement": "none", "warmup.updates": 0, "model.ffn_dim": 128}),
     ("reproduce_lipschitz_cpu", {"+reproduce": "order_v1", "init": "lipschitz", "model.layers": "24"},
-     {"norm.placement": "post", "norm.embedding_norm": True, "init.name": "lipschitz"}),
+     {"norm.placement": "post", "norm.embedding_norm": True, "init.name": "lipschitz",
+      "warmup.updates": 200, "data.max_tokens": 1024, "trainer.max_updates": 600}),
     ("reproduce_lipschitz_cpu", {"+reproduce": "order_v2", "init": "xavier", "model.layers": "12"},
      {"norm.placement": "pre", "norm.embedding_norm": False}),
     # paper recipes: methods 4.4 (IWSLT), 4.6 (WMT'14), 4.5 (grid), 3.3 (T-Fixup)
