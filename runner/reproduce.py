@@ -747,7 +747,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         slots = parallel if launcher == "local" else 1
         print(f"\nestimated wall time of the unfinished cells: "
               f"~{_fmt_time(estimate_wall_s(costs, slots))} on {slots} core(s) of an idle machine "
-              f"({SEC_PER_LAYER_UPDATE} s per layer-update, {CELL_OVERHEAD_S:.0f} s per cell), "
+              f"({SEC_PER_LAYER_UPDATE} s per layer-update of {TOY_MAX_TOKENS} tokens, {CELL_OVERHEAD_S:.0f} s per cell), "
               "plus greedy scoring")
     if problems:
         print("\nSCALE=paper cannot run here:", file=sys.stderr)
