@@ -272,7 +272,7 @@ def test_tfixup_and_lipschitz_layouts(tmp_path):
     ("table2", 9, "method=admin model.layers=18"),
     ("grid", 45, "method=post_ln optim.beta2=0.999 optim.lr=0.0005"),
     ("tfixup-depth", 5, "model.layers=200"),
-    ("lipschitz", 16, "reproduce=order_v1 init=lipschitz model.layers=24"),
+    ("lipschitz", 16, "model.layers=24 reproduce=order_v1 init=lipschitz"),
 ])
 def test_make_dry_run_lists_the_cells(tmp_path, target, cells, sample):
     proc = subprocess.run(["make", "-s", f"reproduce-{target}", "SCALE=cpu", "DRY_RUN=1",
