@@ -69,7 +69,7 @@ def test_beta2_lr_grid_report(grid, tmp_path):
     # a diverged cell has no best loss even though its metrics.jsonl has early valid points
     assert all(r["best_valid_loss"] == "" for r in rows if r["status"] == "diverged")
     md = (out / "report.md").read_text()
-    assert "15 cells: 15 done (13 ok, 2 diverged, 0 failed), 0 running, 0 pending" in md
+    assert "15 cells: 15 done (13 ok, 2 diverged, 0 stalled, 0 failed), 0 running, 0 pending" in md
     assert (out / "heatmap.png").stat().st_size > 1000
     assert (out / "curves_all.png").stat().st_size > 1000
 

@@ -398,14 +398,14 @@ def _cells_table(sweep: Sweep) -> tuple[list[str], list[list[str]]]:
 
 def _isolation_table(sweep: Sweep, metric: str) -> tuple[list[str], list[list[str]]]:
     header = (sweep.scientific or ["(all cells)"]) + [f"best {metric}"] + \
-        [f"at {a}" for a in sweep.nuisance] + ["ok/diverged/failed/unfinished"]
+        [f"at {a}" for a in sweep.nuisance] + ["ok/diverged/stalled/failed/unfinished"]
     body = []
     for row in isolation_rows(sweep, metric):
         c = row["counts"]
         sci = [row["scientific"][a] for a in sweep.scientific] or ["-"]
         nui = [row["best_nuisance"].get(a, "-") for a in sweep.nuisance]
         body.append(sci + [_fmt(row["metric"], 2 if metric == "bleu" else 3)] + nui +
-                    [f"{c['ok']}/{c['diverged']}/{c['failed']}/{c['running'] + c['pending']}"])
+                    [f"{c['ok']}/{c['diverged']}/{c['stalled']}/{c['failed']}/{c['running'] + c['pending']}"])
     return header, body
 
 
