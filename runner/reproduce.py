@@ -29,10 +29,14 @@ from typing import Callable, Optional, Sequence
 
 import yaml
 
+from runner.sweep.report import NOT_TRAINED
+
 REPO = Path(__file__).resolve().parent.parent
 SCALES = ("cpu", "paper")
 LAUNCHERS = ("basic", "local", "slurm")
 FINISHED = ("ok", "diverged", "stalled")  # the trainer skips these; "failed" (a crash) is rerun
+# The grid compares with the paper's count of diverged runs: stalled cells are counted apart.
+DIVERGED_OR_CRASHED = ("diverged", "failed")
 
 # CPU cost model for the plan's time estimate: seconds per update per layer of each stack for the
 # 64-128-2 model on the toy task (2,048-token batches, one thread), measured on this 2-core
@@ -359,7 +363,7 @@ def _failed_all(cells: Sequence[CellResult]) -> Optional[bool]:
     """Every cell diverged or stalled (None when there are no cells or some are unfinished)."""
     if not cells or any(c.status in ("running", "pending") for c in cells):
         return None
-    return all(c.status in ("diverged", "stalled", "failed") for c in cells)
+    return all(c.status in NOT_TRAINED for c in cells)
 
 
 def _trained(cells: Sequence[CellResult]) -> Optional[bool]:
@@ -448,7 +452,7 @@ def _grid_map(cells: Sequence[CellResult], metric: str) -> str:
         row = [f"beta2={b}"]
         for lr in lrs:
             sel = _select(cells, **{"optim.lr": lr, "optim.beta2": b})
-            if sel and all(c.status in ("diverged", "failed") for c in sel):
+            if sel and all(c.status in DIVERGED_OR_CRASHED for c in sel):
                 row.append("failed")
             elif sel and all(c.status == "stalled" for c in sel):
                 v = [c.get(metric) for c in sel if c.get(metric) is not None]
@@ -472,7 +476,7 @@ def render_grid(o: Outcome) -> str:
             continue
         blocks += [f"### {name}: {metric} (beta2 x lr, \"failed\" = diverged, \"stalled\" = ended at the unigram plateau)", "",
                    _grid_map(sel, metric), ""]
-        div = sum(c.status in ("diverged", "failed") for c in sel)
+        div = sum(c.status in DIVERGED_OR_CRASHED for c in sel)
         stalled = sum(c.status == "stalled" for c in sel)
         conv = [c for c in sel if c.status == "ok"]
         beats = 0
@@ -490,7 +494,7 @@ def render_grid(o: Outcome) -> str:
     post_done = [c for c in post if c.status not in ("running", "pending")]
     checks = [
         ("Post-LN diverges in several cells (2 or more)",
-         sum(c.status in ("diverged", "failed") for c in post) >= 2 or
+         sum(c.status in DIVERGED_OR_CRASHED for c in post) >= 2 or
          (None if len(post_done) < len(post) or not post else False)),
         ("Pre-LN converges in every cell", _trained(pre)),
         ("Admin converges in every cell", _trained(_select(cells, method="admin"))),
@@ -680,7 +684,7 @@ def write_outputs(outcome: Outcome, metric: str, echo=print) -> Path:
             from runner.sweep.report import load_sweep, plot_heatmaps
 
             sweep = load_sweep(sweep_dir)
-            if any(c.status in ("ok", "diverged", "stalled", "failed") for c in sweep.cells):
+            if any(c.status in ("ok", *NOT_TRAINED) for c in sweep.cells):
                 plot_heatmaps(sweep, metric, sweep_dir)
         except Exception as exc:  # plots are extra; the table is the result
             echo(f"note: heatmaps not drawn ({type(exc).__name__}: {exc})")

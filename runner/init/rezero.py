@@ -35,8 +35,8 @@ def alpha_apply(model, cfg, rule: str) -> dict:
 def on_update(model, step: int, cfg) -> None:
     """Seed 004's fixed-step ramp: after update `step`, alpha = min(1, step * r). A function of
     the step alone, so a resumed run continues exactly. A no-op when alpha is trained."""
-    if not ramping(cfg) or step * cfg.init.alpha_ramp_step > 1.0 + cfg.init.alpha_ramp_step:
-        return
+    if not ramping(cfg) or (step - 1) * cfg.init.alpha_ramp_step >= 1.0:
+        return  # trained alpha, or alpha already reached 1 at the previous update
     fill_alpha(model, min(1.0, step * cfg.init.alpha_ramp_step))
 
 
