@@ -115,7 +115,7 @@ class OptimConfig:
     # radam: admin (no update while rho_t < 5, decoupled decay every step), sgd_fallback
     # (SGD-momentum while rho_t < 5), torch (torch.optim.RAdam, rho_t > 5); methods 9.2.
     radam_mode: str = "admin"
-    fused: Optional[bool] = None  # null: fused kernels when on CUDA
+    fused: Optional[bool] = None  # null: fused kernels on CUDA and CPU (AdamW, SGD)
 
 
 @dataclass

@@ -11,8 +11,9 @@ Beam search follows fairseq's SequenceGenerator (methods 2.3: beam 5, lenpen 1):
   positions; eos is not allowed at the first step (fairseq min_len=1); pad and bos never are.
 
 Decoding is batched over sentences and beams and incremental: each decoder layer caches its
-self-attention keys/values, cross-attention keys/values are computed once per sentence, and
-finished sentences leave the batch, so later steps compute live beams only.
+self-attention keys/values, cross-attention keys/values are computed and read once per sentence
+(its beams attend as one group of queries; fairseq copies them per beam), and finished sentences
+leave the batch, so later steps compute live beams only.
 """
 from __future__ import annotations
 
@@ -74,15 +75,14 @@ def _mask_special(lprobs: torch.Tensor, step: int, force_eos: Optional[torch.Ten
     return lprobs
 
 
-def _cross_caches(model, memory: torch.Tensor, repeat: int) -> list[dict]:
-    """Decoder caches with cross-attention keys/values computed once per sentence and shared
-    by its beams (layout of runner/model/attention.py: cache["cross"] = {"k", "v"})."""
+def _cross_caches(model, memory: torch.Tensor, beams: int) -> list[dict]:
+    """Decoder caches with cross-attention keys/values computed and stored once per sentence;
+    the `beams` consecutive decoder rows of a sentence read them together (layout of
+    runner/model/attention.py: cache["cross"] = {"k", "v", "group"})."""
     caches = []
     for layer in model.decoder.layers:
         k, v = layer.cross_attn.branch.project_kv(memory)
-        if repeat > 1:
-            k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
-        caches.append({"self": {}, "cross": {"k": k, "v": v}})
+        caches.append({"self": {}, "cross": {"k": k, "v": v, "group": beams}})
     return caches
 
 
@@ -195,12 +195,12 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
     max_len = _max_lengths(src_tokens, pad, max_len_a, max_len_b, model.cfg.max_positions,
                            batch_max_len).to(device)
     longest = int(max_len.max())
-    if mask is not None:
-        mask = mask.repeat_interleave(k, 0)
-    if use_cache:
+    if use_cache:  # the mask, like the cross caches, stays one row per sentence
         caches = _cross_caches(model, memory, k)
     else:
         caches, memory = None, memory.repeat_interleave(k, 0)
+        if mask is not None:
+            mask = mask.repeat_interleave(k, 0)
 
     sent = torch.arange(n, device=device)  # original index of each live sentence
     tokens = torch.full((n * k, longest + 2), eos, dtype=torch.long, device=device)
@@ -267,13 +267,15 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
                 break
             next_beam, next_token, next_score = next_beam[keep], next_token[keep], next_score[keep]
             sent, n_final, base = sent[keep], n_final[keep], base[keep]
-            sentence_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
-            if mask is not None:
-                mask = _rows(mask, sentence_rows)
             if use_cache:
-                _select(caches, sentence_rows, "cross")
+                _select(caches, keep, "cross")
+                if mask is not None:
+                    mask = _rows(mask, keep)
             else:
+                sentence_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
                 memory = _rows(memory, sentence_rows)
+                if mask is not None:
+                    mask = _rows(mask, sentence_rows)
         parents = (next_beam + base[:, None] * k).view(-1)
         tokens = _rows(tokens, parents)
         tokens[:, step + 1] = next_token.view(-1)

@@ -133,3 +133,21 @@ def test_torch_radam_mode_and_adam_decoupled_decay():
     torch.testing.assert_close(p.detach(), torch.full((3,), 1 - 0.5 * 0.1))
     cfg = compose(["optim=sgd", "optim.momentum=0.9"])
     assert isinstance(build_optimizer([torch.nn.Parameter(torch.ones(1))], cfg, "cpu"), torch.optim.SGD)
+
+
+def test_fused_adam_on_cpu_by_default_and_same_trajectory():
+    """optim.fused null picks torch's fused CPU kernel; it must follow the unfused AdamW."""
+    torch.manual_seed(0)
+    grads = [torch.randn(5, 7) for _ in range(20)]
+    weights = {}
+    for fused in ("null", "false"):
+        cfg = compose(["optim=adam", "optim.lr=1e-2", "optim.weight_decay=0.01", f"optim.fused={fused}"])
+        p = torch.nn.Parameter(torch.ones(5, 7))
+        opt = build_optimizer([p], cfg, "cpu")
+        assert bool(opt.defaults["fused"]) == (fused == "null")
+        for g in grads:
+            p.grad = g.clone()
+            opt.step()
+        weights[fused] = p.detach()
+    assert not torch.equal(weights["null"], torch.ones(5, 7))
+    torch.testing.assert_close(weights["null"], weights["false"], rtol=1e-5, atol=1e-6)

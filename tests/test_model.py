@@ -91,6 +91,23 @@ def test_pre_ln_equals_the_formula():
         torch.testing.assert_close(got, want)
 
 
+def test_residual_scales_written_in_place_take_effect():
+    """Frozen omega = alpha = 1 takes the plain-add path; it must equal the general formula
+    bit for bit, and a scale written in place later (an init scheme, a checkpoint) must be used."""
+    _, model, _ = model_for(["norm=post"])
+    model.eval()
+    sub = next(model.sublayers()).module
+    assert not sub.omega.requires_grad and not sub.alpha.requires_grad
+    x = torch.randn(3, 5, model.cfg.dim)
+    h = sub.branch(x)
+    assert torch.equal(sub(x), sub.post_norm(torch.addcmul(h * sub.alpha, x, sub.omega)))
+    with torch.no_grad():
+        sub.omega.fill_(0.5)
+        sub.alpha.fill_(2.0)
+    torch.testing.assert_close(sub(x), sub.post_norm(0.5 * x + 2.0 * h))
+    assert not torch.allclose(sub(x), sub.post_norm(x + h), atol=1e-3)
+
+
 def test_state_dict_keys_do_not_depend_on_residual_trainability():
     from runner.model.seq2seq import Seq2Seq
     from runner.model.sublayer import ResidualSpec

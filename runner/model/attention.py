@@ -30,6 +30,10 @@ class MultiheadAttention(nn.Module):
         # separate parameters so schemes can set them one by one.
         self.fuse_qkv = self_attention and type(self.q_proj) is nn.Linear
 
+    def _qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
+                torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
+
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape  # (B, T, D) -> (B, H, T, Dh)
         return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)
@@ -62,11 +66,18 @@ class MultiheadAttention(nn.Module):
                 cache: Optional[dict] = None) -> torch.Tensor:
         """x: (B, Tq, D). memory: (B, Tk, D) for cross-attention, None for self-attention.
         attn_mask: bool (B, 1, 1 or Tq, Tk), True = attend. cache: incremental decoding state
-        (self-attention appends this step's k/v; cross-attention computes k/v once)."""
-        if self.fuse_qkv and cache is None:
-            weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-            bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        (self-attention appends this step's k/v; cross-attention computes k/v once; with
+        cache["group"] = g > 1, x has g rows per row of memory's k/v and of attn_mask)."""
+        if self.fuse_qkv and memory is None:
+            if cache is None:
+                weight, bias = self._qkv_weight()
+            else:  # weights are fixed while decoding: concatenate once per decoding call
+                if "qkv" not in cache:  # a tuple, so cache reorders (tensors only) skip it
+                    cache["qkv"] = self._qkv_weight()
+                weight, bias = cache["qkv"]
             q, k, v = (self._split(t) for t in F.linear(x, weight, bias).chunk(3, dim=-1))
+            if cache is not None:
+                k, v = self._append(cache, k, v)
         else:
             q = self._split(self.q_proj(x))
             if cache is None:
@@ -77,8 +88,38 @@ class MultiheadAttention(nn.Module):
                 if "k" not in cache:
                     cache["k"], cache["v"] = self.project_kv(memory)
                 k, v = cache["k"], cache["v"]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal, scale=self.scale)
+                group = cache.get("group", 1)
+                if group > 1:
+                    return self._grouped_cross(q, k, v, attn_mask, group)
+        if cache is not None and q.device.type == "cpu":
+            out = self._decoding_attention(q, k, v, attn_mask)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+                is_causal=is_causal, scale=self.scale)
         b, h, t, dh = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, h * dh))
+
+    def _decoding_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """Incremental decoding on CPU: 1 to beam query rows per sentence against the cached
+        keys. Plain matmul-softmax-matmul is about twice as fast as sdpa's CPU kernels at these
+        shapes (docs/performance.md); training keeps sdpa."""
+        scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        return torch.matmul(scores.softmax(-1), v)
+
+    def _grouped_cross(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       attn_mask: Optional[torch.Tensor], group: int) -> torch.Tensor:
+        """Beam search: q holds `group` consecutive rows (the beams) per sentence, one position
+        each, and k/v/attn_mask one row per sentence. The beams become the query positions of
+        their sentence, so the encoder keys/values are read once per sentence instead of once
+        per beam (fairseq repeats them per beam). Same attention, computed per sentence."""
+        rows, h, _, dh = q.shape  # (sentences * group, H, 1, Dh)
+        q = q.view(rows // group, group, h, dh).transpose(1, 2)  # (sentences, H, group, Dh)
+        if q.device.type == "cpu":
+            out = self._decoding_attention(q, k, v, attn_mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
+        return self.out_proj(out.transpose(1, 2).reshape(rows, 1, h * dh))
