@@ -153,3 +153,15 @@ def test_a_run_that_learns_is_not_stalled(tmp_path):
                              "trainer.save_interval=100", "data.toy.train_size=2000"]), tmp_path)
     assert result["status"] == "ok" and result["stalled"] is False
     assert result["best_valid_nll"] < result["valid_unigram_nll"] - 0.1
+
+
+def test_bad_config_cell_is_recorded_failed_with_the_reason(tmp_path):
+    from runner.config import ConfigError
+    from runner.sweep.report import read_cell
+
+    cfg = compose(["init=admin", "norm=pre", *TINY])
+    with pytest.raises(ConfigError) as err:
+        train(cfg, tmp_path)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result == {"status": "failed", "reason": f"config: {err.value}"}
+    assert read_cell(tmp_path).status == "failed"  # not "running" or "pending" in reports
