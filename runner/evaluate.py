@@ -81,7 +81,7 @@ def _cross_caches(model, memory: torch.Tensor, beams: int) -> list[dict]:
     runner/model/attention.py: cache["cross"] = {"k", "v", "group"})."""
     caches = []
     for layer in model.decoder.layers:
-        k, v = layer.cross_attn.branch.project_kv(memory)
+        k, v = layer.cross_attn.branch.project_kv(memory, contiguous=True)
         caches.append({"self": {}, "cross": {"k": k, "v": v, "group": beams}})
     return caches
 

@@ -38,8 +38,11 @@ class MultiheadAttention(nn.Module):
         b, t, _ = x.shape  # (B, T, D) -> (B, H, T, Dh)
         return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)
 
-    def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+    def project_kv(self, memory: torch.Tensor, contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """contiguous=True for keys/values cached over decoding steps: the (B, H, S, Dh) view of
+        a (B, S, D) projection cannot be batched by matmul without a copy, so copy it once."""
+        k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+        return (k.contiguous(), v.contiguous()) if contiguous else (k, v)
 
     @staticmethod
     def _append(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +89,7 @@ class MultiheadAttention(nn.Module):
                 k, v = self._append(cache, *self.project_kv(x))
             else:  # cross-attention: encoder keys/values once per sentence
                 if "k" not in cache:
-                    cache["k"], cache["v"] = self.project_kv(memory)
+                    cache["k"], cache["v"] = self.project_kv(memory, contiguous=True)
                 k, v = cache["k"], cache["v"]
                 group = cache.get("group", 1)
                 if group > 1:
