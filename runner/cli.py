@@ -100,8 +100,15 @@ def run_task(cfg: DictConfig) -> None:
     try:
         train(cfg, run_dir)
     except (ConfigError, CorpusError) as err:
-        # A user error: one line, exit 2, and nothing left in the run folder but train.log.
         logging.getLogger("deepinit.file").error("config error: %s", err)
+        if multirun:
+            # A sweep cell whose values are rejected: recorded as failed with the reason (not
+            # left looking pending in reports; failed cells run again next call), and the
+            # sweep goes on.
+            write_json(run_dir / "result.json", {"status": "failed", "reason": f"config: {err}"})
+            sys.stderr.write(f"deepinit: error in {run_dir.name}: {err}\n")
+            return
+        # A user error: one line, exit 2, and nothing left in the run folder but train.log.
         _remove_hydra_files(run_dir)
         sys.stderr.write(f"deepinit: error: {err}\n")
         raise SystemExit(2)

@@ -533,15 +533,8 @@ def train(cfg, run_dir: Path) -> dict:
 
     if OmegaConf.is_config(cfg):
         cfg = OmegaConf.to_object(cfg)  # the typed dataclasses (with their derived properties)
+    validate(cfg)
     run_dir = Path(run_dir)
-    try:
-        validate(cfg)
-    except ConfigError as err:
-        # A sweep cell with a bad config is finished as "failed" with the reason, not left
-        # looking pending in reports; "failed" runs are retried by the next call.
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "result.json", {"status": "failed", "reason": f"config: {err}"})
-        raise
     run_dir.mkdir(parents=True, exist_ok=True)
     previous = read_result(run_dir)
     if cfg.trainer.resume and previous and previous.get("status") in FINISHED:

@@ -155,13 +155,17 @@ def test_a_run_that_learns_is_not_stalled(tmp_path):
     assert result["best_valid_nll"] < result["valid_unigram_nll"] - 0.1
 
 
-def test_bad_config_cell_is_recorded_failed_with_the_reason(tmp_path):
-    from runner.config import ConfigError
+def test_sweep_cell_with_a_rejected_config_is_failed_and_the_sweep_goes_on(tmp_path):
     from runner.sweep.report import read_cell
 
-    cfg = compose(["init=admin", "norm=pre", *TINY])
-    with pytest.raises(ConfigError) as err:
-        train(cfg, tmp_path)
-    result = json.loads((tmp_path / "result.json").read_text())
-    assert result == {"status": "failed", "reason": f"config: {err.value}"}
-    assert read_cell(tmp_path).status == "failed"  # not "running" or "pending" in reports
+    sweep = tmp_path / "sweep"
+    proc = run_cli(["-m", "init=admin", "norm=pre,post", *TINY, "trainer.max_updates=10",
+                    f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    bad, good = (next(p for p in sweep.iterdir() if f"norm={n}" in p.name) for n in ("pre", "post"))
+    result = json.loads((bad / "result.json").read_text())
+    assert result["status"] == "failed" and result["reason"].startswith("config: ")
+    assert "norm=post" in result["reason"]  # the fix is named
+    assert read_cell(bad).status == "failed"  # not "running" or "pending" in reports
+    assert json.loads((good / "result.json").read_text())["status"] == "ok"
