@@ -373,6 +373,15 @@ def _trained(cells: Sequence[CellResult]) -> Optional[bool]:
     return all(c.status == "ok" for c in cells)
 
 
+def _several(cells: Sequence[CellResult], statuses: Sequence[str]) -> Optional[bool]:
+    """2 or more cells ended with one of `statuses` (None while that is still open)."""
+    if sum(c.status in statuses for c in cells) >= 2:
+        return True
+    if not cells or any(c.status in ("running", "pending") for c in cells):
+        return None
+    return False
+
+
 def _all(values: Sequence[Optional[bool]]) -> Optional[bool]:
     """False if any is False, else None if any is unknown, else True."""
     if any(v is False for v in values):
@@ -491,16 +500,12 @@ def render_grid(o: Outcome) -> str:
                         "-" if m == "pre_ln" else f"{beats} of {len(conv)} converged",
                         GRID_PAPER_NOTE[m]])
     post = _select(cells, method="post_ln")
-    post_done = [c for c in post if c.status not in ("running", "pending")]
     checks = [
-        ("Post-LN diverges in several cells (2 or more)",
-         sum(c.status in DIVERGED_OR_CRASHED for c in post) >= 2 or
-         (None if len(post_done) < len(post) or not post else False)),
+        ("Post-LN diverges in several cells (2 or more)", _several(post, DIVERGED_OR_CRASHED)),
         # At CPU scale Post-LN's failure is a stall at the unigram plateau rather than a
         # blow-up (docs/reproductions.md), so the paper's pattern is also checked on failures.
         ("Post-LN fails (diverges or stalls) in several cells (2 or more)",
-         sum(c.status in NOT_TRAINED for c in post) >= 2 or
-         (None if len(post_done) < len(post) or not post else False)),
+         _several(post, NOT_TRAINED)),
         ("Pre-LN converges in every cell", _trained(pre)),
         ("Admin converges in every cell", _trained(_select(cells, method="admin"))),
     ]

@@ -94,7 +94,7 @@ class MultiheadAttention(nn.Module):
                 group = cache.get("group", 1)
                 if group > 1:
                     return self._grouped_cross(q, k, v, attn_mask, group)
-        if cache is not None and q.device.type == "cpu":
+        if cache is not None:  # incremental decoding: never causal, no dropout
             out = self._decoding_attention(q, k, v, attn_mask)
         else:
             out = F.scaled_dot_product_attention(
@@ -105,9 +105,11 @@ class MultiheadAttention(nn.Module):
 
     def _decoding_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """Incremental decoding on CPU: 1 to beam query rows per sentence against the cached
-        keys. Plain matmul-softmax-matmul is about twice as fast as sdpa's CPU kernels at these
-        shapes (docs/performance.md); training keeps sdpa."""
+        """Incremental decoding: 1 to beam query rows per sentence against the cached keys.
+        On CPU plain matmul-softmax-matmul is about twice as fast as sdpa's kernels at these
+        shapes (docs/performance.md); CUDA and training keep sdpa."""
+        if q.device.type != "cpu":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
         scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
@@ -121,8 +123,5 @@ class MultiheadAttention(nn.Module):
         per beam (fairseq repeats them per beam). Same attention, computed per sentence."""
         rows, h, _, dh = q.shape  # (sentences * group, H, 1, Dh)
         q = q.view(rows // group, group, h, dh).transpose(1, 2)  # (sentences, H, group, Dh)
-        if q.device.type == "cpu":
-            out = self._decoding_attention(q, k, v, attn_mask)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
+        out = self._decoding_attention(q, k, v, attn_mask)
         return self.out_proj(out.transpose(1, 2).reshape(rows, 1, h * dh))
