@@ -66,6 +66,8 @@ PRESETS["tiny-peer"] = (["model=tiny", "model.dim=128", "model.ffn_dim=256", "mo
 SCHEDULE = {"small": (3, 5, 3), "base": (30, 20, 3), "tiny-peer": (20, 50, 3)}
 PEER_SCHEDULE = {"small": (3, 15, 1), "tiny-peer": (20, 150, 1)}
 DEFAULT_SCHEDULE = (10, 20, 3)
+# The peer's fairseq-generate call: --max-tokens 4096 --batch-size 128 (peer_train_bench.sh)
+PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE = 4096, 128
 
 # bf16 dense tensor-core peaks from NVIDIA's datasheets, TFLOP/s (no sparsity).
 CUDA_BF16_PEAK_TFLOPS = {"H100 SXM": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
@@ -187,6 +189,49 @@ def write_corpus(root: Path, vocab: Optional[int], source: Path = IWSLT_DIR) -> 
         (out / f"{split}.en").write_text("\n".join(tgt) + "\n", encoding="utf-8")
     (out / ".done").write_text("")
     return out
+
+
+def fairseq_generate_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
+                             max_sentences: int, multiple: int = 8) -> list[np.ndarray]:
+    """The batches fairseq-generate decodes, so that the decoding benchmark does the peer's work.
+
+    fairseq 0.12 orders sentences by source length (ties by target length), counts a
+    sentence as max(source, target) tokens, and grows each batch while rows x its longest
+    sentence <= max_tokens and rows <= max_sentences, committing sizes that are multiples of
+    `multiple` (--required-batch-size-multiple, 8 by default); a tail that overflows on its own
+    is cut off as a batch of its own (fairseq/data/data_utils_fast.pyx, batch_by_size_vec).
+    Then it drops the last batch when its size is not such a multiple (data_utils.batch_by_size;
+    fairseq issue #5036): on the peer's 500 test sentences the 4 longest are never decoded, and
+    fairseq-generate reports 496 sentences."""
+    order = np.argsort(tgt_lengths, kind="stable")
+    order = order[np.argsort(src_lengths[order], kind="stable")]
+    tokens = np.maximum(src_lengths, tgt_lengths)[order]
+    ends = [0]  # ends[i]: where batch i ends (so far); ends[-1] belongs to the running batch
+    start, batch_max, tail_max = 0, 0, 0
+    for pos in range(len(order)):
+        tail_max = max(tail_max, int(tokens[pos]))
+        rows = pos + 1 - start
+        longest = max(batch_max, tail_max)
+        if rows > max_sentences or rows * longest > max_tokens:
+            if tail_max * (pos + 1 - ends[-1]) > max_tokens:  # the tail alone is too big: cut it
+                ends.append(pos)
+                tail_max = int(tokens[pos])
+            start = ends[-1]
+            ends.append(ends[-1])  # a new batch opens at the committed end
+            longest = tail_max
+            commit = True
+        else:
+            commit = rows < multiple or rows % multiple == 0
+        if commit:
+            ends[-1] = pos + 1
+            batch_max, tail_max = longest, 0
+    if ends[-1] != len(order):
+        ends.append(len(order))
+    bounds = [0] + ends
+    batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    if multiple > 1 and batches and len(batches[-1]) % multiple:
+        batches = batches[:-1]
+    return batches
 
 
 # ----------------------------------------------------------------------------- FLOPs, peaks
@@ -416,9 +461,16 @@ def run_entry(entry: Entry, work: Path) -> dict:
             test = trainer.data.splits[cfg.data.test_split]
             n = min(entry.decode, len(test))
             test = test.subset(np.arange(n)) if n < len(test) else test
+            batches = fairseq_generate_batches(test.src_lengths, test.tgt_lengths,
+                                               PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE)
+            if not batches:  # fewer than 8 sentences (--decode-sentences): no batch survives
+                batches = fairseq_generate_batches(test.src_lengths, test.tgt_lengths,
+                                                   PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE, 1)
             for beam, key in ((5, "beam5"), (1, "greedy")):
                 with trainer.autocast(), LoadProbe() as dprobe:
-                    d = decode_throughput(trainer.model, test, beam=beam, device=trainer.device)
+                    d = decode_throughput(trainer.model, test, beam=beam, device=trainer.device,
+                                          max_tokens=PEER_DECODE_MAX_TOKENS,
+                                          batch_size=PEER_DECODE_BATCH_SIZE, batches=batches)
                 out[key] = {**d, "load": dprobe.as_dict()}
         return out
     finally:
@@ -564,7 +616,9 @@ def summarize_pair(name: str, peer_name: str, ours: list[dict], peer: list[dict]
         mine_tps = _median([d.get("tokens_per_s") for d in mine])
         mine_len = _median([d["tokens_per_s"] * d["seconds"] / d["sentences"] for d in mine
                             if d.get("tokens_per_s") and d.get("seconds") and d.get("sentences")])
-        theirs_len = _median([r[f"{key}_tokens"] / DECODE_SENTENCES for r in peer if r.get(f"{key}_tokens")])
+        # one run per peer call: tokens/s over sentences/s is its output tokens per sentence
+        theirs_len = _median([r[f"{key}_tokens_per_s"] / r[f"{key}_sentences_per_s"] for r in peer
+                              if r.get(f"{key}_tokens_per_s") and r.get(f"{key}_sentences_per_s")])
         theirs_tps = _median([r.get(f"{key}_tokens_per_s") for r in peer])
         row[f"{key}_output_tokens_per_sentence"] = {"deepinit": mine_len, "fairseq": theirs_len}
         row[f"{key}_output_tokens_per_s"] = {

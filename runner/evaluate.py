@@ -328,11 +328,13 @@ def decode_split(model, split: TokenizedSplit, beam: int = 5, lenpen: float = 1.
                  max_len_a: float = 0.0, max_len_b: int = 200, max_tokens: int = 4096,
                  batch_size: int = 128, batch_max_len: bool = False,
                  device: torch.device | str = "cpu", pad: int = 1, bos: int = 0,
-                 eos: int = 2) -> Hypotheses:
-    """Decode every source sentence of `split`; results in the split's order."""
+                 eos: int = 2, batches: Optional[list[np.ndarray]] = None) -> Hypotheses:
+    """Decode every source sentence of `split` (or those in `batches`, batched so, instead of
+    decode_batches(split, max_tokens, batch_size)); results in the split's order, None for a
+    sentence no batch holds."""
     tokens: list[Optional[list[int]]] = [None] * len(split)
     scores = [0.0] * len(split)
-    for indices in decode_batches(split, max_tokens, batch_size):
+    for indices in decode_batches(split, max_tokens, batch_size) if batches is None else batches:
         src = _src_batch(split, indices, pad).to(device)
         hyps = generate(model, src, beam, pad, bos, eos, lenpen=lenpen, max_len_a=max_len_a,
                         max_len_b=max_len_b, batch_max_len=batch_max_len)
@@ -344,28 +346,32 @@ def decode_split(model, split: TokenizedSplit, beam: int = 5, lenpen: float = 1.
 def decode_throughput(model, split: TokenizedSplit, beam: int = 5, max_len_a: float = 1.0,
                       max_len_b: int = 0, max_tokens: int = 4096, batch_size: int = 128,
                       batch_max_len: bool = True, lenpen: float = 1.0,
-                      device: torch.device | str = "cpu", repeats: int = 1) -> dict:
+                      device: torch.device | str = "cpu", repeats: int = 1,
+                      batches: Optional[list[np.ndarray]] = None) -> dict:
     """Sentences/s decoding `split` (for the benchmark). The defaults mirror the peer's
     fairseq-generate call (../shared/tools/peer/peer_train_bench.sh: --max-tokens 4096
     --batch-size 128 --max-len-a 1.0 --max-len-b 0, the cap from the batch's padded width), so
-    an untrained model's output length, and hence the work, is the same on both sides.
+    an untrained model's output length, and hence the work, is the same on both sides when
+    `batches` are fairseq's (runner.bench.fairseq_generate_batches).
     Returns the median over `repeats` of sentences/s, and generated tokens/s."""
     model = model.to(device).eval()
+    sentences = len(split) if batches is None else sum(len(b) for b in batches)
     runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         hyps = decode_split(model, split, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
                             max_len_b=max_len_b, max_tokens=max_tokens, batch_size=batch_size,
-                            batch_max_len=batch_max_len, device=device)
+                            batch_max_len=batch_max_len, device=device, batches=batches)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
-        generated = sum(len(t) + 1 for t in hyps.tokens)
-        runs.append((len(split) / seconds, generated / seconds, seconds))
+        generated = sum(len(t) + 1 for t in hyps.tokens if t is not None)
+        runs.append((sentences / seconds, generated / seconds, seconds))
     runs.sort()
     mid = runs[len(runs) // 2]
     return {"sentences_per_s": mid[0], "tokens_per_s": mid[1], "seconds": mid[2],
-            "sentences": len(split), "beam": beam, "runs": [r[0] for r in runs]}
+            "sentences": sentences, "generated_tokens": round(mid[1] * mid[2]), "beam": beam,
+            "runs": [r[0] for r in runs]}
 
 
 # ----------------------------------------------------------------------------- checkpoints

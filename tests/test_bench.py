@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from runner.bench import main_bench, summarize_pair, train_flops, write_corpus
+from runner.bench import (IWSLT_DIR, fairseq_generate_batches, main_bench, summarize_pair,
+                          train_flops, write_corpus)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,42 @@ def test_corpus_keeps_the_most_frequent_types(tmp_path):
     assert len(types - {"<unk>"}) == 46 and "<unk>" in types  # 50 minus the 4 specials
     assert len(train) == 13533  # IWSLT'14 valid + test lines 501.. (or the synthetic stand-in)
     assert (folder / "valid.de").read_text() == (folder / "test.de").read_text()
+
+
+def test_fairseq_generate_batches_on_the_peer_test_set():
+    """The batches fairseq 0.12.3 fairseq-generate decodes for the peer's 500 test sentences
+    (--max-tokens 4096 --batch-size 128), recorded from an instrumented run: sizes, padded
+    source widths, and the 4 longest sentences (lines 2, 8, 83, 107) never decoded."""
+    import gzip
+
+    if not (IWSLT_DIR / "test.de.gz").is_file():
+        pytest.skip("IWSLT'14 text not present")
+    lengths = {}
+    for lang in ("de", "en"):
+        with gzip.open(IWSLT_DIR / f"test.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")[:500]
+        lengths[lang] = np.array([len(line.split()) + 1 for line in lines])  # + eos
+    batches = fairseq_generate_batches(lengths["de"], lengths["en"], 4096, 128)
+    assert [len(b) for b in batches] == [128, 128, 104, 64, 48, 24]
+    assert [int(lengths["de"][b].max()) for b in batches] == [16, 25, 35, 48, 72, 116]
+    decoded = np.concatenate(batches)
+    assert sorted(set(range(500)) - set(decoded.tolist())) == [1, 7, 82, 106]
+    # every batch keeps rows x max(source, target) within max tokens
+    longest = np.maximum(lengths["de"], lengths["en"])
+    assert all(len(b) * longest[b].max() <= 4096 for b in batches)
+
+
+def test_fairseq_generate_batches_rules():
+    src = np.array([5] * 20)
+    # 8-multiples are committed; the last 4 sentences form a batch of 4, which fairseq drops
+    assert [len(b) for b in fairseq_generate_batches(src, src, 4096, 16)] == [16]
+    assert [len(b) for b in fairseq_generate_batches(src, src, 4096, 16, multiple=1)] == [16, 4]
+    # max(source, target) counts: 10 rows x 10 tokens fit 100, so batches of 8 (the multiple)
+    assert [len(b) for b in fairseq_generate_batches(src, src * 2, 100, 128)] == [8, 8]
+    # order: source length first, ties by target length
+    order = np.concatenate(fairseq_generate_batches(np.array([3, 1, 3, 1]), np.array([2, 9, 1, 1]),
+                                                    4096, 128, multiple=1))
+    assert order.tolist() == [3, 1, 2, 0]
 
 
 def test_train_flops_matches_torch_flop_counter():
