@@ -200,6 +200,9 @@ class TrainerConfig:
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     compile: bool = False
     threads: int = 0  # CPU threads; 0 = torch's default
+    # training skips the padding in position-wise layers (runner/model/packing.py); null: on
+    # CPU (measured faster there), off on CUDA (not measured on a GPU yet)
+    unpad: Optional[bool] = None
     label_smoothing: float = 0.1
     log_interval: int = 10
     valid_interval: int = 500  # updates; 0 = only at the end

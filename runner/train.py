@@ -171,6 +171,7 @@ class Trainer:
         self.precision = resolve_precision(t.precision, self.device)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+        self.unpad = t.unpad if t.unpad is not None else self.device.type == "cpu"
         torch.manual_seed(t.seed)
 
         self.data = build_data(cfg.data)
@@ -331,7 +332,8 @@ class Trainer:
         n_params = sum(p.numel() for p in self.model.parameters())
         if self.main:
             write_json(run_dir / "env.json", {**environment(self.device, self.precision),
-                                              "parameters": n_params, "data": self.data_stats,
+                                              "parameters": n_params, "unpad": self.unpad,
+                                              "data": self.data_stats,
                                               "world_size": self.world})
         log.info("model: %s params, %d+%d layers, norm=%s, init=%s, optim=%s; data: %s",
                  f"{n_params:,}", cfg.model.num_encoder_layers, cfg.model.num_decoder_layers,
@@ -377,8 +379,10 @@ class Trainer:
                     sync = self.world == 1 or i == len(batches) - 1
                     with nullcontext() if sync else self.ddp.no_sync():
                         with self.autocast():
-                            logits = self.forward(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
-                        loss, nll = label_smoothed_nll(logits, batch.target, t.label_smoothing, self.pad)
+                            logits = self.forward(batch.src_tokens, batch.prev_tokens,
+                                                  batch.src_has_pad, unpad=self.unpad)
+                        target = batch.target[batch.target != self.pad] if self.unpad else batch.target
+                        loss, nll = label_smoothed_nll(logits, target, t.label_smoothing, self.pad)
                         self.scaler.scale(loss * (self.world / ntokens)).backward()
                     update_loss += loss.detach()
                     window_nll += nll.detach()

@@ -175,3 +175,32 @@ def test_per_stack_placement_admin_table_1():
     from runner.config import ConfigError, validate
     with pytest.raises(ConfigError, match="use norm=post"):
         validate(compose(["init=admin", "norm=post", "norm.decoder_placement=pre"]))
+
+
+NO_DROPOUT = ["model.dropout=0", "model.attention_dropout=0", "model.activation_dropout=0"]
+
+
+@pytest.mark.parametrize("overrides", [
+    [],  # post-LN, fused q/k/v
+    ["norm=pre", "norm.kind=rmsnorm"],
+    ["init=admin"],  # trained omega: the general residual formula
+    ["model.parameterization=ntk"],  # NTKLinear: separate q/k/v projections
+])
+def test_unpadded_training_forward_equals_the_padded_one(overrides):
+    """trainer.unpad: position-wise layers on the real tokens only must give the padded
+    model's logits at the real target positions, and the same gradients."""
+    _, model, batch = model_for([*NO_DROPOUT, *overrides])
+    pad = model.pad_index
+    assert (batch.src_tokens == pad).any() and (batch.target == pad).any()  # padding on both sides
+    model.train()
+    padded = model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
+    keep = batch.target != pad
+    packed = model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad, unpad=True)
+    assert packed.shape == (int(keep.sum()), padded.shape[-1])
+    torch.testing.assert_close(packed, padded[keep], rtol=1e-5, atol=1e-5)
+    weights = torch.randn_like(packed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    reference = torch.autograd.grad((padded[keep] * weights).sum(), params)
+    grads = torch.autograd.grad((packed * weights).sum(), params)
+    for p, a, b in zip(params, reference, grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

@@ -169,3 +169,18 @@ def test_sweep_cell_with_a_rejected_config_is_failed_and_the_sweep_goes_on(tmp_p
     assert "norm=post" in result["reason"]  # the fix is named
     assert read_cell(bad).status == "failed"  # not "running" or "pending" in reports
     assert json.loads((good / "result.json").read_text())["status"] == "ok"
+
+
+def test_unpadded_training_follows_the_padded_run(tmp_path):
+    """trainer.unpad (on by default on CPU) changes the cost, not the training: without dropout
+    (whose masks depend on the tensor shapes) the loss curve is that of the padded model."""
+    no_dropout = ["model.dropout=0", "model.attention_dropout=0", "model.activation_dropout=0"]
+    curves = {}
+    for unpad in ("null", "false"):
+        cfg = tiny_cfg([*no_dropout, f"trainer.unpad={unpad}", "trainer.max_updates=6",
+                        "trainer.log_interval=1"])
+        train(cfg, tmp_path / unpad)
+        curves[unpad] = [r["loss"] for r in read_metrics(tmp_path / unpad) if r["split"] == "train"]
+        assert json.loads((tmp_path / unpad / "env.json").read_text())["unpad"] is (unpad == "null")
+    assert len(curves["null"]) == 6 and curves["null"][-1] < curves["null"][0]
+    assert curves["null"] == pytest.approx(curves["false"], rel=1e-4)

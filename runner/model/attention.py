@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from runner.model.linear import make_linear
+from runner.model.packing import Packing
 
 
 class MultiheadAttention(nn.Module):
@@ -66,11 +67,15 @@ class MultiheadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None,
                 attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-                cache: Optional[dict] = None) -> torch.Tensor:
+                cache: Optional[dict] = None, packing: Optional[Packing] = None,
+                memory_packing: Optional[Packing] = None) -> torch.Tensor:
         """x: (B, Tq, D). memory: (B, Tk, D) for cross-attention, None for self-attention.
         attn_mask: bool (B, 1, 1 or Tq, Tk), True = attend. cache: incremental decoding state
         (self-attention appends this step's k/v; cross-attention computes k/v once; with
-        cache["group"] = g > 1, x has g rows per row of memory's k/v and of attn_mask)."""
+        cache["group"] = g > 1, x has g rows per row of memory's k/v and of attn_mask).
+        packing: x (and memory, with memory_packing) hold only the real tokens, (N, D)."""
+        if packing is not None:
+            return self._packed(x, memory, attn_mask, is_causal, packing, memory_packing)
         if self.fuse_qkv and memory is None:
             if cache is None:
                 weight, bias = self._qkv_weight()
@@ -102,6 +107,23 @@ class MultiheadAttention(nn.Module):
                 is_causal=is_causal, scale=self.scale)
         b, h, t, dh = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, h * dh))
+
+    def _packed(self, x: torch.Tensor, memory: Optional[torch.Tensor],
+                attn_mask: Optional[torch.Tensor], is_causal: bool, packing: Packing,
+                memory_packing: Optional[Packing]) -> torch.Tensor:
+        """Projections on the real tokens only; attention itself on the padded layout."""
+        if memory is None and self.fuse_qkv:
+            weight, bias = self._qkv_weight()
+            q, k, v = (self._split(t) for t in packing.unpack(F.linear(x, weight, bias)).chunk(3, dim=-1))
+        else:
+            source, layout = (x, packing) if memory is None else (memory, memory_packing)
+            q = self._split(packing.unpack(self.q_proj(x)))
+            k = self._split(layout.unpack(self.k_proj(source)))
+            v = self._split(layout.unpack(self.v_proj(source)))
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal, scale=self.scale)
+        return self.out_proj(packing.pack_heads(out))
 
     def _decoding_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             attn_mask: Optional[torch.Tensor]) -> torch.Tensor:

@@ -15,6 +15,7 @@ from runner.model.attention import MultiheadAttention
 from runner.model.embedding import Embedder
 from runner.model.ffn import FeedForward
 from runner.model.norms import make_norm
+from runner.model.packing import Packing
 from runner.model.sublayer import PLACEMENTS, ResidualSpec, Slots, Sublayer
 
 
@@ -54,8 +55,9 @@ class EncoderLayer(nn.Module):
                                              cfg.activation_dropout, cfg.parameterization))
         share_alpha([self.self_attn, self.ffn], residual)
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        x = self.self_attn(x, attn_mask=pad_mask)
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                packing: Optional[Packing] = None) -> torch.Tensor:
+        x = self.self_attn(x, attn_mask=pad_mask, packing=packing)
         return self.ffn(x)
 
 
@@ -72,12 +74,14 @@ class DecoderLayer(nn.Module):
         share_alpha([self.self_attn, self.cross_attn, self.ffn], residual)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: Optional[torch.Tensor],
-                cache: Optional[dict] = None) -> torch.Tensor:
+                cache: Optional[dict] = None, packing: Optional[Packing] = None,
+                memory_packing: Optional[Packing] = None) -> torch.Tensor:
         # Training: causal mask only. Targets are right-padded, so a real token never sees a pad
         # key, and sdpa can use its flash kernel. Incremental decoding: one query, no mask.
-        x = self.self_attn(x, is_causal=cache is None,
+        x = self.self_attn(x, is_causal=cache is None, packing=packing,
                            cache=None if cache is None else cache.setdefault("self", {}))
-        x = self.cross_attn(x, memory=memory, attn_mask=memory_mask,
+        x = self.cross_attn(x, memory=memory, attn_mask=memory_mask, packing=packing,
+                            memory_packing=memory_packing,
                             cache=None if cache is None else cache.setdefault("cross", {}))
         return self.ffn(x)
 
@@ -187,9 +191,29 @@ class Seq2Seq(nn.Module):
         return F.linear(self.decoder.final_norm(x), self.output_projection_weight)
 
     def forward(self, src_tokens: torch.Tensor, prev_tokens: torch.Tensor,
-                src_has_pad: bool = True) -> torch.Tensor:
+                src_has_pad: bool = True, unpad: bool = False) -> torch.Tensor:
+        """Logits (B, T, V); with unpad=True (training) the logits of the real target
+        positions only, (N, V) in row-major order: those of target[target != pad]."""
+        if unpad:
+            return self._forward_unpadded(src_tokens, prev_tokens, src_has_pad)
         memory, mask = self.encode(src_tokens, src_has_pad)
         return self.decode(prev_tokens, memory, mask)
+
+    def _forward_unpadded(self, src_tokens: torch.Tensor, prev_tokens: torch.Tensor,
+                          src_has_pad: bool) -> torch.Tensor:
+        """The same computation on the real tokens (runner/model/packing.py); prev_tokens is
+        padded where the target is (eos + target[:-1])."""
+        src_keep = src_tokens != self.pad_index
+        mask = src_keep[:, None, None, :] if src_has_pad else None
+        src, tgt = Packing(src_keep), Packing(prev_tokens != self.pad_index)
+        x = src.pack(self.encoder.embedding_norm(self.encoder.embedder(src_tokens)))
+        for layer in self.encoder.layers:
+            x = self.encoder.run_layer(layer, x, mask, src)
+        memory = self.encoder.final_norm(x)
+        y = tgt.pack(self.decoder.embedding_norm(self.decoder.embedder(prev_tokens)))
+        for layer in self.decoder.layers:
+            y = self.decoder.run_layer(layer, y, memory, mask, None, tgt, src)
+        return F.linear(self.decoder.final_norm(y), self.output_projection_weight)
 
 
 def build_model(cfg, src_vocab: int, tgt_vocab: int, pad_index: int) -> Seq2Seq:
