@@ -27,6 +27,36 @@ def test_label_smoothed_loss_by_hand():
     assert got_nll.item() == pytest.approx(nll, rel=1e-6)
 
 
+@pytest.mark.parametrize("padded", [True, False])
+def test_label_smoothed_loss_gradient_equals_autograd_of_the_formula(padded):
+    """The closed-form backward against autograd through the formula itself, with padding rows
+    (zero gradient) or without (unpadded training), and an upstream scale as the trainer's."""
+    torch.manual_seed(0)
+    eps, pad, vocab = 0.1, 1, 37
+    logits = (3 * torch.randn(4, 6, vocab)).requires_grad_()
+    target = torch.randint(2, vocab, (4, 6))
+    if padded:
+        target[0, 4:] = pad
+        target[2, 1:] = pad
+    loss, nll = label_smoothed_nll(logits, target, eps, pad)
+    (loss * 0.37).backward()
+    keep = (target != pad).double()
+    logits64 = logits.detach().double().requires_grad_()
+    lprobs = torch.log_softmax(logits64, -1)
+    picked = lprobs.gather(-1, target[..., None]).squeeze(-1)
+    want = (((1 - eps) * -picked + eps / vocab * -lprobs.sum(-1)) * keep).sum()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    assert nll.item() == pytest.approx((-picked * keep).sum().item(), rel=1e-5)
+    (want * 0.37).backward()
+    torch.testing.assert_close(logits.grad.double(), logits64.grad, rtol=1e-4, atol=1e-6)
+    if padded:
+        assert (logits.grad[target == pad] == 0).all()
+    with pytest.raises(RuntimeError, match="twice"):
+        loss2, _ = label_smoothed_nll(logits, target, eps, pad)
+        loss2.backward(retain_graph=True)
+        loss2.backward()
+
+
 def cfg_for(overrides):
     return compose(overrides)
 
