@@ -14,8 +14,6 @@ class Packing:
     def __init__(self, keep: torch.Tensor):
         self.batch, self.length = keep.shape
         self.index = keep.reshape(-1).nonzero().squeeze(1)  # row-major: keep's own order
-        self.rows = torch.div(self.index, self.length, rounding_mode="floor")
-        self.cols = self.index - self.rows * self.length
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (N, D)."""
@@ -27,6 +25,7 @@ class Packing:
         return out.index_copy(0, self.index, x).view(self.batch, self.length, x.shape[-1])
 
     def pack_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, T, Dh) attention output -> (N, H * Dh), in one gather."""
-        out = x[self.rows, :, self.cols]  # (N, H, Dh): advanced indices first
-        return out.reshape(out.shape[0], -1)
+        """(B, H, T, Dh) attention output -> (N, H * Dh). (A copy to (B * T, D) and a row
+        gather are faster on CPU than one advanced-index gather, whose backward accumulates.)"""
+        b, h, t, dh = x.shape
+        return x.transpose(1, 2).reshape(b * t, h * dh).index_select(0, self.index)
