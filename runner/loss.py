@@ -32,7 +32,8 @@ class _LabelSmoothedNLL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, grad_nll: torch.Tensor):
         if getattr(ctx, "consumed", False):
-            raise RuntimeError("label_smoothed_nll: backward through the same loss twice is not supported")
+            raise RuntimeError("label_smoothed_nll: backward through the same loss twice "
+                               "is not supported")
         ctx.consumed = True
         lprobs, target, keep = ctx.saved_tensors
         eps, vocab = ctx.epsilon, lprobs.shape[-1]

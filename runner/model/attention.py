@@ -113,13 +113,14 @@ class MultiheadAttention(nn.Module):
                 memory_packing: Optional[Packing]) -> torch.Tensor:
         """Projections on the real tokens only; attention itself on the padded layout."""
         if memory is None and self.fuse_qkv:
-            weight, bias = self._qkv_weight()
-            q, k, v = (self._split(t) for t in packing.unpack(F.linear(x, weight, bias)).chunk(3, dim=-1))
+            qkv = packing.unpack(F.linear(x, *self._qkv_weight()))
+            q, k, v = (self._split(t) for t in qkv.chunk(3, dim=-1))
         elif memory is not None and type(self.k_proj) is nn.Linear:  # one k/v matmul and unpack
             weight = torch.cat([self.k_proj.weight, self.v_proj.weight])
             bias = torch.cat([self.k_proj.bias, self.v_proj.bias])
             q = self._split(packing.unpack(self.q_proj(x)))
-            k, v = (self._split(t) for t in memory_packing.unpack(F.linear(memory, weight, bias)).chunk(2, dim=-1))
+            kv = memory_packing.unpack(F.linear(memory, weight, bias))
+            k, v = (self._split(t) for t in kv.chunk(2, dim=-1))
         else:
             source, layout = (x, packing) if memory is None else (memory, memory_packing)
             q = self._split(packing.unpack(self.q_proj(x)))
