@@ -215,13 +215,25 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
     cand_rank = torch.arange(2 * k, device=device)
 
     for step in range(longest + 1):
-        if use_cache:
-            logits = model.decode(tokens[:, step:step + 1], memory, mask, caches, start=step)
+        if use_cache and step == 0 and k > 1:
+            # Every beam holds the same prefix: run one row per sentence, then copy its cache
+            # rows to the other beams (whose scores are -inf at this step anyway).
+            for cache in caches:
+                cache["cross"]["group"] = 1
+            logits = model.decode(tokens[::k, :1], memory, mask, caches, start=0)
+            for layer, cache in zip(model.decoder.layers, caches):
+                cache["cross"]["group"] = k
+                layer.self_attn.branch.repeat_cache(cache["self"], k)
+            lprobs = F.log_softmax(logits[:, -1].float(), -1).repeat_interleave(k, 0)
         else:
-            logits = model.decode(tokens[:, :step + 1], memory, mask)
-        vocab = logits.shape[-1]
-        # (torch.logsumexp is many times slower than the fused log_softmax kernel on CPU)
-        cand = F.log_softmax(logits[:, -1].float(), -1).add_(scores[:, None])
+            if use_cache:
+                logits = model.decode(tokens[:, step:step + 1], memory, mask, caches, start=step)
+            else:
+                logits = model.decode(tokens[:, :step + 1], memory, mask)
+            # (torch.logsumexp is many times slower than the fused log_softmax kernel on CPU)
+            lprobs = F.log_softmax(logits[:, -1].float(), -1)
+        vocab = lprobs.shape[-1]
+        cand = lprobs.add_(scores[:, None])
         force = max_len[sent].repeat_interleave(k) <= step
         cand = _mask_special(cand, step, force if bool(force.any()) else None, pad, bos, eos)
         live = sent.shape[0]

@@ -65,6 +65,18 @@ class MultiheadAttention(nn.Module):
         cache["len"] = n + t
         return cache["k"][:, :, :n + t], cache["v"][:, :, :n + t]
 
+    @staticmethod
+    def repeat_cache(cache: dict, times: int) -> None:
+        """Self-attention cache rows repeated `times` times each (beam search after its first
+        step, which runs one row per sentence): only the filled positions are copied."""
+        n = cache.get("len", 0)
+        for key in ("k", "v"):
+            if key in cache:
+                buf = cache[key]
+                grown = buf.new_empty(buf.shape[0] * times, *buf.shape[1:])
+                grown[:, :, :n] = buf[:, :, :n].repeat_interleave(times, 0)
+                cache[key] = grown
+
     def forward(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None,
                 attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
                 cache: Optional[dict] = None, packing: Optional[Packing] = None,
@@ -138,7 +150,10 @@ class MultiheadAttention(nn.Module):
         shapes (docs/performance.md); CUDA and training keep sdpa."""
         if q.device.type != "cpu":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
-        scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
+        if q.shape[-2] == 1:  # one query: K q reads the cached keys row by row (faster on CPU)
+            scores = torch.matmul(k, q.transpose(-1, -2) * self.scale).transpose(-1, -2)
+        else:
+            scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         return torch.matmul(scores.softmax(-1), v)
