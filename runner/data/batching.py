@@ -43,7 +43,8 @@ def make_batches(split: TokenizedSplit, max_tokens: int, indices: np.ndarray | N
                  seed: int = 0, shuffle: bool = True) -> list[np.ndarray]:
     """Group sentence indices into batches whose padded size (rows x longest side) stays within
     max_tokens. Sorting is by (target length, source length) after a seeded shuffle, so ties are
-    broken randomly but reproducibly (fairseq's ordered_indices)."""
+    broken randomly but reproducibly. (fairseq's ordered_indices sorts the other way round,
+    source length first; with trainer.unpad the padding either order leaves costs little.)"""
     if indices is None:
         indices = np.arange(len(split))
     src_len, tgt_len = split.src_lengths[indices], split.tgt_lengths[indices]
