@@ -381,7 +381,7 @@ class Trainer:
                         with self.autocast():
                             logits = self.forward(batch.src_tokens, batch.prev_tokens,
                                                   batch.src_has_pad, unpad=self.unpad)
-                        target = batch.target[batch.target != self.pad] if self.unpad else batch.target
+                        target = batch.real_target if self.unpad else batch.target
                         loss, nll = label_smoothed_nll(logits, target, t.label_smoothing, self.pad)
                         self.scaler.scale(loss * (self.world / ntokens)).backward()
                     update_loss += loss.detach()

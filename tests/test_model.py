@@ -195,6 +195,7 @@ def test_unpadded_training_forward_equals_the_padded_one(overrides):
     model.train()
     padded = model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
     keep = batch.target != pad
+    assert torch.equal(batch.real_target, batch.target[keep])  # the labels of these logits
     packed = model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad, unpad=True)
     assert packed.shape == (int(keep.sum()), padded.shape[-1])
     torch.testing.assert_close(packed, padded[keep], rtol=1e-5, atol=1e-5)

@@ -2,7 +2,7 @@
 so padding stays low; batch order is reshuffled every epoch from the seed."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -20,17 +20,19 @@ class Batch:
     src_has_pad: bool  # lets the encoder skip its mask (flash attention on CUDA)
     padded_cells: int  # padding cells in src + target (for the padding fraction)
     total_cells: int
+    # target[target != pad] in row-major order, built on the host (no device sync): the labels
+    # of unpadded training's logits (trainer.unpad)
+    real_target: torch.Tensor
+
+    def _map(self, fn) -> "Batch":
+        return replace(self, src_tokens=fn(self.src_tokens), prev_tokens=fn(self.prev_tokens),
+                       target=fn(self.target), real_target=fn(self.real_target))
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Batch(move(self.src_tokens), move(self.prev_tokens), move(self.target),
-                     self.ntokens, self.nsentences, self.src_has_pad, self.padded_cells,
-                     self.total_cells)
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Batch":
-        return Batch(self.src_tokens.pin_memory(), self.prev_tokens.pin_memory(),
-                     self.target.pin_memory(), self.ntokens, self.nsentences, self.src_has_pad,
-                     self.padded_cells, self.total_cells)
+        return self._map(torch.Tensor.pin_memory)
 
 
 def filter_by_length(split: TokenizedSplit, max_source: int, max_target: int) -> np.ndarray:
@@ -86,4 +88,5 @@ def collate(split: TokenizedSplit, indices: np.ndarray, pad: int, eos: int) -> B
     tgt_real = sum(len(y) for y in tgts)
     return Batch(torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(tgt),
                  ntokens=tgt_real, nsentences=b, src_has_pad=src_real < b * s,
-                 padded_cells=b * s + b * t - src_real - tgt_real, total_cells=b * s + b * t)
+                 padded_cells=b * s + b * t - src_real - tgt_real, total_cells=b * s + b * t,
+                 real_target=torch.from_numpy(np.concatenate(tgts).astype(np.int64)))

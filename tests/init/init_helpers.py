@@ -46,7 +46,7 @@ def make_batch(seed: int = 0, rows: int = 4, src_len: int = 7, tgt_len: int = 6,
     ntokens = int((tgt != PAD).sum())
     cells = src.numel() + tgt.numel()
     padded = int((src == PAD).sum() + (tgt == PAD).sum())
-    return Batch(src, prev, tgt, ntokens, rows, True, padded, cells)
+    return Batch(src, prev, tgt, ntokens, rows, True, padded, cells, tgt[tgt != PAD])
 
 
 def initialized(cfg, seed: int = 0, batch=None):
