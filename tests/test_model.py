@@ -205,3 +205,48 @@ def test_unpadded_training_forward_equals_the_padded_one(overrides):
     grads = torch.autograd.grad((packed * weights).sum(), params)
     for p, a, b in zip(params, reference, grads):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+
+@pytest.mark.parametrize("case", ["key_mask", "causal", "cross"])
+def test_cpu_matmul_attention_equals_sdpa(case, monkeypatch):
+    """Short keys on CPU take the matmul path (attention.CPU_MATMUL_ATTENTION_MAX_KEYS); its
+    outputs and gradients must be sdpa's, masks and causal alignment included."""
+    from runner.model import attention
+    torch.manual_seed(0)
+    attn = attention.MultiheadAttention(32, 4, dropout=0.0, self_attention=case != "cross").train()
+    x = torch.randn(6, 9, 32, requires_grad=True)
+    memory = torch.randn(6, 11, 32, requires_grad=True) if case == "cross" else None
+    keys = 11 if case == "cross" else 9
+    lengths = torch.tensor([keys, 3, 5, keys, 1, 7])
+    mask = (torch.arange(keys) < lengths[:, None])[:, None, None, :] if case != "causal" else None
+    sdpa_calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: sdpa_calls.append(1) or real_sdpa(*a, **k))
+    out = attn(x, memory, attn_mask=mask, is_causal=case == "causal")
+    assert not sdpa_calls  # the matmul path
+    monkeypatch.setattr(attention, "CPU_MATMUL_ATTENTION_MAX_KEYS", keys - 1)
+    reference = attn(x, memory, attn_mask=mask, is_causal=case == "causal")
+    assert len(sdpa_calls) == 1  # longer keys than the limit: sdpa
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
+    inputs = [x] + ([memory] if memory is not None else []) + list(attn.parameters())
+    weights = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad((reference * weights).sum(), inputs),
+                    torch.autograd.grad((out * weights).sum(), inputs)):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_matmul_attention_dropout_is_unbiased():
+    """Attention dropout on the matmul path: outputs change between draws, and their mean over
+    many draws is the no-dropout output (dropout keeps the expectation)."""
+    from runner.model.attention import MultiheadAttention
+    torch.manual_seed(0)
+    attn = MultiheadAttention(16, 2, dropout=0.3)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        clean = attn.eval()(x, is_causal=True)
+        attn.train()
+        draws = torch.stack([attn(x, is_causal=True) for _ in range(4000)])
+    assert not torch.allclose(draws[0], draws[1])
+    torch.testing.assert_close(draws.mean(0), clean, rtol=0, atol=0.03)

@@ -9,8 +9,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from runner.model.dropout import dropout as cpu_dropout
 from runner.model.linear import make_linear
 from runner.model.packing import Packing
+
+# Up to this many key positions, CPU training attention runs as matmul-softmax-matmul: at
+# head dim 32 it is 1.6-2.2x faster than sdpa's CPU flash kernel (forward + backward) at 26-50
+# positions, even at 100, slower from about 150 on (docs/performance.md, session 5). Beyond it
+# flash's O(T) memory wins; the probabilities this path keeps for backward grow as T^2.
+CPU_MATMUL_ATTENTION_MAX_KEYS = 128
 
 
 class MultiheadAttention(nn.Module):
@@ -114,9 +121,7 @@ class MultiheadAttention(nn.Module):
         if cache is not None:  # incremental decoding: never causal, no dropout
             out = self._decoding_attention(q, k, v, attn_mask)
         else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
-                is_causal=is_causal, scale=self.scale)
+            out = self._attention(q, k, v, attn_mask, is_causal)
         b, h, t, dh = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, h * dh))
 
@@ -138,10 +143,23 @@ class MultiheadAttention(nn.Module):
             q = self._split(packing.unpack(self.q_proj(x)))
             k = self._split(layout.unpack(self.k_proj(source)))
             v = self._split(layout.unpack(self.v_proj(source)))
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal, scale=self.scale)
-        return self.out_proj(packing.pack_heads(out))
+        return self.out_proj(packing.pack_heads(self._attention(q, k, v, attn_mask, is_causal)))
+
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        """Full-sequence attention (training, validation): sdpa, or on CPU for short keys the
+        same attention as plain matmuls with an additive mask (faster there, see above)."""
+        dropout_p = self.dropout if self.training else 0.0
+        if q.device.type != "cpu" or k.shape[-2] > CPU_MATMUL_ATTENTION_MAX_KEYS:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                  is_causal=is_causal, scale=self.scale)
+        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.scale)
+        if is_causal:  # sdpa's is_causal: query i attends keys 0..i (top-left aligned)
+            scores.add_(_blocked(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)
+                                 .triu_(1), scores.dtype))
+        if attn_mask is not None:
+            scores.add_(_blocked(~attn_mask, scores.dtype))
+        return torch.matmul(cpu_dropout(scores.softmax(-1), dropout_p, self.training), v)
 
     def _decoding_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -168,3 +186,9 @@ class MultiheadAttention(nn.Module):
         q = q.view(rows // group, group, h, dh).transpose(1, 2)  # (sentences, H, group, Dh)
         out = self._decoding_attention(q, k, v, attn_mask)
         return self.out_proj(out.transpose(1, 2).reshape(rows, 1, h * dh))
+
+
+def _blocked(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask: -inf where `blocked` is True, 0 elsewhere."""
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(
+        blocked, float("-inf"))
