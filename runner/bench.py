@@ -825,8 +825,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peer-configs", nargs="*", default=list(PEER_CONFIGS), choices=list(PEER_CONFIGS))
     p.add_argument("--peer-tools", type=Path, default=PEER_TOOLS)
     p.add_argument("--reps", type=int, default=3, help="--peer: alternating runs per configuration")
-    p.add_argument("--decode-reps", type=int, default=1,
-                   help="--peer: how many of the runs also decode (decoding is slow on CPU)")
+    p.add_argument("--decode-reps", type=int, default=3,
+                   help="--peer: how many of the runs also decode (default: all three, since one "
+                        "decoding run per side moves by 10-25%% between calls)")
     p.add_argument("--quiet-wait", type=int, default=20,
                    help="--peer: seconds the peer script waits for a quiet machine before each run")
     p.add_argument("override", nargs="*", help="extra config overrides for every entry (key=value)")
