@@ -1,5 +1,7 @@
-"""Multi-head attention through torch's scaled_dot_product_attention (flash/efficient kernels
-on CUDA), with separate q/k/v/out projections so init schemes can address each by name."""
+"""Multi-head attention with separate q/k/v/out projections so init schemes can address each
+by name. Attention itself: torch's scaled_dot_product_attention (flash/efficient kernels) on
+CUDA and for long keys; plain matmuls on CPU where they are faster (short keys in training,
+every decoding step)."""
 from __future__ import annotations
 
 import math
