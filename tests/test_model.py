@@ -207,7 +207,6 @@ def test_unpadded_training_forward_equals_the_padded_one(overrides):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 
-
 @pytest.mark.parametrize("case", ["key_mask", "causal", "cross"])
 def test_cpu_matmul_attention_equals_sdpa(case, monkeypatch):
     """Short keys on CPU take the matmul path (attention.CPU_MATMUL_ATTENTION_MAX_KEYS); its

@@ -17,8 +17,8 @@ from runner.model.packing import Packing
 
 # Up to this many key positions, CPU training attention runs as matmul-softmax-matmul: at
 # head dim 32 it is 1.6-2.2x faster than sdpa's CPU flash kernel (forward + backward) at 26-50
-# positions, even at 100, slower from about 150 on (docs/performance.md, session 5). Beyond it
-# flash's O(T) memory wins; the probabilities this path keeps for backward grow as T^2.
+# positions, 1.1-1.3x at 100, slower at 200 (docs/performance.md, session 5). Beyond it sdpa
+# also saves memory: the probabilities this path keeps for backward grow as T^2.
 CPU_MATMUL_ATTENTION_MAX_KEYS = 128
 
 
@@ -167,7 +167,7 @@ class MultiheadAttention(nn.Module):
                             attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """Incremental decoding: 1 to beam query rows per sentence against the cached keys.
         On CPU plain matmul-softmax-matmul is about twice as fast as sdpa's kernels at these
-        shapes (docs/performance.md); CUDA and training keep sdpa."""
+        shapes (docs/performance.md); CUDA keeps sdpa."""
         if q.device.type != "cpu":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
         if q.shape[-2] == 1:  # one query: K q reads the cached keys row by row (faster on CPU)
