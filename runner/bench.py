@@ -1,6 +1,6 @@
 """deepinit bench: training and decoding throughput, memory and MFU; depth scaling; fairseq side by side.
 
-Every measurement trains with the real `Trainer` (runner/train.py) in a fresh child process
+Every measurement trains with the real train loop (runner/train/loop.py) in a fresh child process
 (clean peak memory, no state carried between entries) on the peer's training stream: the
 IWSLT'14 de-en sentences that ../shared/tools/peer/peer_train_bench.sh gives fairseq (valid +
 test lines 501.., decoding on test lines 1..500), with the peer's vocabularies (all types, or
@@ -15,7 +15,6 @@ log records, after the warm-up updates, as fairseq's wps meter does.
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import math
@@ -23,17 +22,24 @@ import os
 import platform
 import re
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
+import torch
+from rich.table import Table
+
+from runner.config import Config
+from runner.console import console
+from runner.decode.search import decode_throughput
+from runner.run.build import build_run
+from runner.train.loop import Callback, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 IWSLT_DIR = REPO.parent / "shared" / "data" / "iwslt14-de-en-fairseq"
@@ -153,8 +159,6 @@ def _synthetic_text(seed: int = 1234) -> dict[str, tuple[list[str], list[str]]]:
 
 
 def _top_types(lines: list[str], n: int) -> set[str]:
-    from collections import Counter
-
     counts = Counter(tok for line in lines for tok in line.split())
     # the order Dictionary.build (and fairseq's finalize) ranks types in: count, then symbol
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -252,8 +256,6 @@ def train_flops(dim: int, ffn: int, enc_layers: int, dec_layers: int, tgt_vocab:
 def cpu_matmul_peak(threads: int, seconds: float = 1.5) -> dict:
     """The machine's fp32 matmul GFLOP/s (median over repeats, best of a few square sizes)
     with the benchmark's thread count: the denominator of CPU MFU."""
-    import torch
-
     if threads:
         torch.set_num_threads(threads)
     sizes = {}
@@ -278,7 +280,6 @@ def cuda_bf16_peak(name: str) -> dict:
         if key in name:
             return {"gflops": CUDA_BF16_PEAK_TFLOPS[key] * 1e3, "dtype": "bf16",
                     "source": f"datasheet ({key})"}
-    import torch  # an unknown GPU: measure a large bf16 matmul instead
 
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
@@ -339,30 +340,19 @@ def rss_mb() -> float:
 
 
 # ----------------------------------------------------------------------------- the worker
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+class RecordCollector(Callback):
+    """The train loop's records, kept in memory (the bench writes no run folder)."""
 
-    from runner.cli import config_dir
-    from runner.config import register_schemas
+    def __init__(self):
+        self.records: list[dict] = []
 
-    register_schemas()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = hydra_compose(config_name="train", overrides=list(overrides))
-    return OmegaConf.to_object(cfg)
+    def on_record(self, trainer: Trainer, record: dict) -> None:
+        self.records.append(record)
 
 
-def run_entry(entry: Entry, work: Path) -> dict:
-    """Train `entry` for warm-up + timed updates with the real Trainer, then decode."""
-    import torch
-
-    from runner.config import validate
-    from runner.evaluate import decode_throughput
-    from runner.train import Trainer
-
+def run_entry(entry: Entry, work: Path, compose: Callable[[list[str]], Config]) -> dict:
+    """Train `entry` for warm-up + timed updates with the real train loop, then decode.
+    `compose` turns override lists into a Config (the CLI's composition)."""
     if entry.threads:
         torch.set_num_threads(entry.threads)
     cuda = entry.device == "cuda" or (entry.device == "auto" and torch.cuda.is_available())
@@ -374,7 +364,6 @@ def run_entry(entry: Entry, work: Path) -> dict:
     # one more untimed update: its batch request closes the last timed update's CPU time
     total_updates = updates + 1
     corpus = write_corpus(work / "data", entry.vocab)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{entry.name}-", dir=work))
     overrides = entry.overrides + [
         "data=custom", f"data.dir={corpus}", "data.bpe=none", f"data.cache_dir={work / 'cache'}",
         f"data.max_tokens={entry.max_tokens}", f"trainer.max_updates={total_updates}",
@@ -386,95 +375,92 @@ def run_entry(entry: Entry, work: Path) -> dict:
     if not any(o.startswith("warmup") for o in entry.overrides):
         overrides.append(f"warmup.updates={min(4000, total_updates)}")  # the recipe's 4000, capped
     cfg = compose(overrides)
-    validate(cfg)
     rss_start = rss_mb()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    try:
-        trainer = Trainer(cfg, run_dir)
-        # Record which sentences each update trains on (lengths, padding, FLOPs); the stream is
-        # the trainer's own batch order, read on the host, so no device sync is added.
-        # The process CPU time at each request (= the start of an update) gives CPU seconds per
-        # update, a figure other processes on a shared machine barely disturb (one thread).
-        taken: list[np.ndarray] = []
-        cpu_marks: list[float] = []
+    parts = build_run(cfg)
+    collector = RecordCollector()
+    trainer = Trainer(parts, [collector])
+    # Record which sentences each update trains on (lengths, padding, FLOPs); the stream is
+    # the trainer's own batch order, read on the host, so no device sync is added.
+    # The process CPU time at each request (= the start of an update) gives CPU seconds per
+    # update, a figure other processes on a shared machine barely disturb (one thread).
+    taken: list[np.ndarray] = []
+    cpu_marks: list[float] = []
 
-        def recorded(stream):
-            for indices in stream:
-                taken.append(indices)
-                cpu_marks.append(time.process_time())
-                yield indices
+    def recorded(stream):
+        for indices in stream:
+            taken.append(indices)
+            cpu_marks.append(time.process_time())
+            yield indices
 
-        trainer.stream = recorded(trainer.stream)
-        with LoadProbe() as probe:
-            result = trainer.run()
-        if cuda:
-            torch.cuda.synchronize()
-            peak_mb = torch.cuda.max_memory_allocated() / 2 ** 20
-        else:  # Linux reports ru_maxrss in KiB
-            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        train = [r for r in records if r["split"] == "train"]
-        split = trainer.train_split
-        src_lengths, tgt_lengths = split.src_lengths, split.tgt_lengths
-        wall = {r["step"]: r["wall_s"] for r in train}
-        windows = []
-        for w in range(entry.windows):
-            first, last = warmup + w * entry.steps, warmup + (w + 1) * entry.steps  # updates (first, last]
-            batches = taken[first:last]
-            tokens = int(sum(tgt_lengths[b].sum() for b in batches))
-            seconds = wall[last] - wall[first]
-            cpu_seconds = cpu_marks[last] - cpu_marks[first]
-            windows.append({"updates": entry.steps, "tokens": tokens, "seconds": seconds,
-                            "tokens_per_s": tokens / seconds,
-                            "ms_per_update": 1e3 * seconds / entry.steps,
-                            "cpu_seconds": cpu_seconds,
-                            "tokens_per_cpu_s": tokens / max(cpu_seconds, 1e-9)})
-        timed = taken[warmup:updates]
-        src = np.concatenate([src_lengths[b] for b in timed])
-        tgt = np.concatenate([tgt_lengths[b] for b in timed])
-        cells = sum(len(b) * (int(src_lengths[b].max()) + int(tgt_lengths[b].max())) for b in timed)
-        m = cfg.model
-        flops = train_flops(m.dim, m.ffn_dim, m.num_encoder_layers, m.num_decoder_layers,
-                            len(trainer.tgt_dict), src, tgt)
-        tps = [w["tokens_per_s"] for w in windows]
-        out: dict[str, Any] = {
-            **{k: v for k, v in asdict(entry).items() if k not in ("overrides", "extra")},
-            "overrides": overrides,
-            "model": f"{m.dim}-{m.ffn_dim}-{m.heads}, {m.num_encoder_layers}+{m.num_decoder_layers}",
-            "parameters": result["parameters"], "status": result["status"],
-            "train_loss": result["train_loss"], "device": result["device"],
-            "precision": result["precision"], "threads": torch.get_num_threads(),
-            "src_vocab": len(trainer.src_dict), "tgt_vocab": len(trainer.tgt_dict),
-            "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps),
-            "tokens_per_s_max": max(tps),
-            "tokens_per_cpu_s": statistics.median(w["tokens_per_cpu_s"] for w in windows),
-            "ms_per_update": statistics.median(w["ms_per_update"] for w in windows),
-            "tokens_per_update": float(tgt.sum()) / len(timed),
-            "padding_fraction": 1.0 - float(src.sum() + tgt.sum()) / cells,
-            "flops_per_target_token": flops / float(tgt.sum()),
-            "peak_memory_mb": peak_mb, "memory_kind": "cuda_max_allocated" if cuda else "max_rss",
-            "rss_before_trainer_mb": rss_start, "windows": windows, "load_train": probe.as_dict(),
-        }
-        if entry.decode:
-            full_length_decoding(trainer.model, trainer.tgt_dict.eos_index)
-            test = trainer.data.splits[cfg.data.test_split]
-            n = min(entry.decode, len(test))
-            test = test.subset(np.arange(n)) if n < len(test) else test
+    trainer.stream = recorded(trainer.stream)
+    with LoadProbe() as probe:
+        outcome = trainer.run()
+    if cuda:
+        torch.cuda.synchronize()
+        peak_mb = torch.cuda.max_memory_allocated() / 2 ** 20
+    else:  # Linux reports ru_maxrss in KiB
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    train = [r for r in collector.records if r["split"] == "train"]
+    split = parts.train_split
+    src_lengths, tgt_lengths = split.src_lengths, split.tgt_lengths
+    wall = {r["step"]: r["wall_s"] for r in train}
+    windows = []
+    for w in range(entry.windows):
+        first, last = warmup + w * entry.steps, warmup + (w + 1) * entry.steps  # updates (first, last]
+        batches = taken[first:last]
+        tokens = int(sum(tgt_lengths[b].sum() for b in batches))
+        seconds = wall[last] - wall[first]
+        cpu_seconds = cpu_marks[last] - cpu_marks[first]
+        windows.append({"updates": entry.steps, "tokens": tokens, "seconds": seconds,
+                        "tokens_per_s": tokens / seconds,
+                        "ms_per_update": 1e3 * seconds / entry.steps,
+                        "cpu_seconds": cpu_seconds,
+                        "tokens_per_cpu_s": tokens / max(cpu_seconds, 1e-9)})
+    timed = taken[warmup:updates]
+    src = np.concatenate([src_lengths[b] for b in timed])
+    tgt = np.concatenate([tgt_lengths[b] for b in timed])
+    cells = sum(len(b) * (int(src_lengths[b].max()) + int(tgt_lengths[b].max())) for b in timed)
+    m = cfg.model
+    flops = train_flops(m.dim, m.ffn_dim, m.num_encoder_layers, m.num_decoder_layers,
+                        len(parts.data.tgt_dict), src, tgt)
+    tps = [w["tokens_per_s"] for w in windows]
+    out: dict[str, Any] = {
+        **{k: v for k, v in asdict(entry).items() if k not in ("overrides", "extra")},
+        "overrides": overrides,
+        "model": f"{m.dim}-{m.ffn_dim}-{m.heads}, {m.num_encoder_layers}+{m.num_decoder_layers}",
+        "parameters": parts.parameters, "status": outcome.status,
+        "train_loss": trainer.state.last_train_loss, "device": str(parts.device),
+        "precision": parts.precision, "threads": torch.get_num_threads(),
+        "src_vocab": len(parts.data.src_dict), "tgt_vocab": len(parts.data.tgt_dict),
+        "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps),
+        "tokens_per_s_max": max(tps),
+        "tokens_per_cpu_s": statistics.median(w["tokens_per_cpu_s"] for w in windows),
+        "ms_per_update": statistics.median(w["ms_per_update"] for w in windows),
+        "tokens_per_update": float(tgt.sum()) / len(timed),
+        "padding_fraction": 1.0 - float(src.sum() + tgt.sum()) / cells,
+        "flops_per_target_token": flops / float(tgt.sum()),
+        "peak_memory_mb": peak_mb, "memory_kind": "cuda_max_allocated" if cuda else "max_rss",
+        "rss_before_trainer_mb": rss_start, "windows": windows, "load_train": probe.as_dict(),
+    }
+    if entry.decode:
+        full_length_decoding(parts.model, parts.eos)
+        test = parts.data.splits[cfg.data.test_split]
+        n = min(entry.decode, len(test))
+        test = test.subset(np.arange(n)) if n < len(test) else test
+        batches = fairseq_generate_batches(test.src_lengths, test.tgt_lengths,
+                                           PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE)
+        if not batches:  # fewer than 8 sentences (--decode-sentences): no batch survives
             batches = fairseq_generate_batches(test.src_lengths, test.tgt_lengths,
-                                               PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE)
-            if not batches:  # fewer than 8 sentences (--decode-sentences): no batch survives
-                batches = fairseq_generate_batches(test.src_lengths, test.tgt_lengths,
-                                                   PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE, 1)
-            for beam, key in ((5, "beam5"), (1, "greedy")):
-                with trainer.autocast(), LoadProbe() as dprobe:
-                    d = decode_throughput(trainer.model, test, beam=beam, device=trainer.device,
-                                          max_tokens=PEER_DECODE_MAX_TOKENS,
-                                          batch_size=PEER_DECODE_BATCH_SIZE, batches=batches)
-                out[key] = {**d, "load": dprobe.as_dict()}
-        return out
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+                                               PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE, 1)
+        for beam, key in ((5, "beam5"), (1, "greedy")):
+            with trainer.autocast(), LoadProbe() as dprobe:
+                d = decode_throughput(parts.model, test, beam=beam, device=parts.device,
+                                      max_tokens=PEER_DECODE_MAX_TOKENS,
+                                      batch_size=PEER_DECODE_BATCH_SIZE, batches=batches)
+            out[key] = {**d, "load": dprobe.as_dict()}
+    return out
 
 
 def full_length_decoding(model, eos: int) -> None:
@@ -493,14 +479,6 @@ def full_length_decoding(model, eos: int) -> None:
     model.__class__ = FullLength
 
 
-def worker_main(argv: list[str]) -> int:
-    """python -m runner.bench ENTRY.json WORK_DIR OUT.json"""
-    entry = Entry(**json.loads(Path(argv[0]).read_text()))
-    out = run_entry(entry, Path(argv[1]))
-    Path(argv[2]).write_text(json.dumps(out, indent=1, default=float))
-    return 0
-
-
 def run_isolated(entry: Entry, work: Path) -> dict:
     """run_entry in a fresh interpreter, so peak memory and allocator state are the entry's own."""
     work.mkdir(parents=True, exist_ok=True)
@@ -512,7 +490,8 @@ def run_isolated(entry: Entry, work: Path) -> dict:
     if entry.threads:
         env.update(OMP_NUM_THREADS=str(entry.threads), MKL_NUM_THREADS=str(entry.threads))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "runner.bench", str(spec), str(work), str(out)],
+    # The worker is `deepinit bench`'s own module run as a script (runner/cli/bench.py).
+    proc = subprocess.run([sys.executable, "-m", "runner.cli.bench", str(spec), str(work), str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not out.is_file():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
@@ -573,8 +552,6 @@ TARGETS = {"tokens_per_s": 1.3, "beam5_sentences_per_s": 1.5}  # issue 7
 
 def peer_comparison(args, work: Path, peak: dict) -> dict:
     """deepinit and fairseq alternating, run by run, on the peer's configurations."""
-    from runner.console import console
-
     comparison: dict[str, Any] = {}
     for name in args.peer_configs:
         peer_name = PEER_CONFIGS[name]
@@ -637,9 +614,6 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
 
 
 def print_tables(report: dict) -> None:
-    from rich.table import Table
-
-    from runner.console import console
 
     peak = report["peak"]
     entries = [e for e in report["entries"] if e["group"] == "preset"]
@@ -778,8 +752,6 @@ def markdown_tables(report: dict) -> str:
 
 
 def machine_info(device: str, threads: int) -> dict:
-    import torch
-
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     name = torch.cuda.get_device_name() if cuda else (_cpu_name() or platform.machine())
     return {"device": "cuda" if cuda else "cpu", "device_name": name, "torch": torch.__version__,
@@ -799,47 +771,8 @@ def _cpu_name() -> Optional[str]:
 
 
 # ----------------------------------------------------------------------------- main
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="deepinit bench", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", nargs="*", default=None,
-                   help=f"of {', '.join(PRESETS)} (default: tiny small ci, + base on CUDA)")
-    p.add_argument("--depths", nargs="*", type=int, default=[6, 50, 100, 200],
-                   help="layers per stack for the depth scaling entries (none: skip)")
-    p.add_argument("--depth-max-tokens", type=int, default=1024)
-    p.add_argument("--warmup", type=int, default=None, help="untimed updates (default per preset)")
-    p.add_argument("--steps", type=int, default=None, help="updates per timed window")
-    p.add_argument("--windows", type=int, default=None, help="timed windows (repeats)")
-    p.add_argument("--decode-sentences", type=int, default=DECODE_SENTENCES)
-    p.add_argument("--no-decode", action="store_true")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
-                   help="torch.compile the model (auto: on CUDA)")
-    p.add_argument("--quick", action="store_true", help="a few updates of ci and 2-layer depth entries")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (default outputs/bench/bench-<time>.json)")
-    p.add_argument("--work", type=Path, default=Path("outputs/bench/work"),
-                   help="scratch folder: corpus text, data cache, run folders")
-    p.add_argument("--peer", action="store_true",
-                   help="only the side-by-side: deepinit and fairseq alternating (make bench-peer)")
-    p.add_argument("--peer-configs", nargs="*", default=list(PEER_CONFIGS), choices=list(PEER_CONFIGS))
-    p.add_argument("--peer-tools", type=Path, default=PEER_TOOLS)
-    p.add_argument("--reps", type=int, default=3, help="--peer: alternating runs per configuration")
-    p.add_argument("--decode-reps", type=int, default=3,
-                   help="--peer: how many of the runs also decode (default: all three, since one "
-                        "decoding run per side moves by 10-25%% between calls)")
-    p.add_argument("--quiet-wait", type=int, default=20,
-                   help="--peer: seconds the peer script waits for a quiet machine before each run")
-    p.add_argument("override", nargs="*", help="extra config overrides for every entry (key=value)")
-    return p.parse_args(argv)
-
-
-def main_bench(argv: list[str]) -> int:
-    args = parse_args(argv)
-    import torch
-
-    from runner.console import console
-
+def run_bench(args, argv: list[str]) -> int:
+    """`deepinit bench` with parsed arguments (runner/cli/bench.py); the exit code."""
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if args.device == "cuda" and not torch.cuda.is_available():
         print("deepinit: error: --device cuda but no CUDA device is visible", file=sys.stderr)
@@ -904,6 +837,3 @@ def main_bench(argv: list[str]) -> int:
         failed += [f"fairseq {row['peer_config']}" for r in row["fairseq_runs"] if r["returncode"] != 0]
     return 1 if failed else 0
 
-
-if __name__ == "__main__":
-    sys.exit(worker_main(sys.argv[1:]))

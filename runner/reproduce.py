@@ -7,7 +7,7 @@ TARGET is table2 | grid | tfixup-depth | lipschitz (`list` prints them). Each ta
 more sweep presets (`sweeps/reproduce_<target>_<scale|dataset>.yaml`) run through `deepinit -m`
 into `outputs/reproduce/<target>-<scale>/` (a fixed folder, so a second call only runs the cells
 that have not finished: the trainer skips finished ones). Finished cells are then scored
-(`runner.evaluate.evaluate_run`), and the table is printed in the paper's layout with the
+(the same scoring as `deepinit eval`), and the table is printed in the paper's layout with the
 paper's numbers beside ours and written to `reproduction.md` in the sweep folder.
 
 Extra overrides apply to every cell; one that names a swept axis replaces its values (e.g.
@@ -15,7 +15,6 @@ Extra overrides apply to every cell; one that names a swept axis replaces its va
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import os
@@ -27,9 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import torch
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from runner.sweep.report import NOT_TRAINED
+from runner.config import ModelConfig, TrainerConfig
+from runner.config.paths import sweeps_dir
+from runner.run.evaluate import evaluate_run
+from runner.sweep.report import (
+    NOT_TRAINED,
+    find_run_dirs,
+    load_sweep,
+    markdown_table,
+    plot_heatmaps,
+    read_cell,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SCALES = ("cpu", "paper")
@@ -47,10 +58,7 @@ TOY_MAX_TOKENS = 2048  # conf/data/toy.yaml; the step time above is for batches 
 
 
 def _sweeps_dir() -> Path:
-    """sweeps/ in a checkout, runner/conf/sweep in a wheel (conf/sweep links to ../sweeps)."""
-    from runner.cli import config_dir
-
-    return Path(config_dir()) / "sweep"
+    return sweeps_dir()
 
 
 # ----------------------------------------------------------------------------- paper numbers
@@ -160,8 +168,6 @@ def load_preset(preset: str) -> dict:
 
 
 def _parse(lines: Sequence[str]):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     return OverridesParser.create().parse_overrides(list(lines))
 
 
@@ -223,8 +229,6 @@ def _preset_value(preset: str, dotted: str, fixed: Sequence[str], axes: dict[str
 
 def estimate_cell_s(preset: str, axes: dict[str, str], fixed: Sequence[str]) -> float:
     """Seconds one CPU-scale cell is expected to take on one core of an idle machine."""
-    from runner.config import ModelConfig, TrainerConfig
-
     layers = _preset_value(preset, "model.layers", fixed, axes) or ModelConfig.layers
     updates = _preset_value(preset, "trainer.max_updates", fixed, axes) or TrainerConfig.max_updates
     tokens = _preset_value(preset, "data.max_tokens", fixed, axes) or TOY_MAX_TOKENS
@@ -243,8 +247,6 @@ def estimate_wall_s(costs: Sequence[float], parallel: int) -> float:
 # ----------------------------------------------------------------------------- reading results
 def collect(part: Part, part_dir: Path, extra: Sequence[str] = ()) -> list[CellResult]:
     """Planned cells of a part with their run folders' outcomes (pending when none)."""
-    from runner.sweep.report import find_run_dirs, read_cell
-
     cells, fixed = plan_cells(part.preset, extra)
     found = {}
     if part_dir.is_dir():
@@ -343,12 +345,6 @@ def fmt_paper(v: Optional[tuple[float, Optional[float]]] | Optional[float], miss
         mean, std = v
         return f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None else "")
     return f"{v:.2f}"
-
-
-def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(x).replace("|", "\\|") for x in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _select(cells: Sequence[CellResult], **axes: str) -> list[CellResult]:
@@ -450,7 +446,7 @@ def render_table2(o: Outcome) -> str:
                 wins.append(a == p or _better(metric, a, p))
         checks.append((f"Admin at least as good as Pre-LN ({metric}), at every depth both trained",
                        all(wins) if wins else None))
-    return _page(o, md_table(header, rows), checks, metric)
+    return _page(o, markdown_table(header, rows), checks, metric)
 
 
 def _grid_map(cells: Sequence[CellResult], metric: str) -> str:
@@ -471,7 +467,7 @@ def _grid_map(cells: Sequence[CellResult], metric: str) -> str:
                 row.append(("-" if not sel else sel[0].status) if v is None else
                            f"{v:.2f}" if metric == "bleu" else f"{v:.3f}")
         rows.append(row)
-    return md_table(["", *[f"lr={lr}" for lr in lrs]], rows)
+    return markdown_table(["", *[f"lr={lr}" for lr in lrs]], rows)
 
 
 def render_grid(o: Outcome) -> str:
@@ -509,7 +505,7 @@ def render_grid(o: Outcome) -> str:
         ("Pre-LN converges in every cell", _trained(pre)),
         ("Admin converges in every cell", _trained(_select(cells, method="admin"))),
     ]
-    table = md_table(["method", "diverged (ours)", "stalled (ours)", "diverged (paper)",
+    table = markdown_table(["method", "diverged (ours)", "stalled (ours)", "diverged (paper)",
                       f"better than Pre-LN, same cell ({metric})", "paper"], summary)
     images = sorted(p.name for p in o.sweep_dir.glob("heatmap*.png"))
     extra = "\n".join(blocks) + ("\n" + "\n".join(f"![{Path(p).stem}]({p})" for p in images) + "\n"
@@ -527,7 +523,7 @@ def render_tfixup_depth(o: Outcome) -> str:
         rows.append([f"{L}L-{L}L", fmt_paper(TFIXUP_DEPTH_PAPER.get(L)) if L in TFIXUP_DEPTH_PAPER
                      else "-", fmt_ours(sel, o.scale), str(upd[0]) if upd else "-"])
     checks = [("T-Fixup trains at every depth", _trained(cells))]
-    table = md_table(["layers (enc-dec)", "slides BLEU (50k updates)", "ours", "updates"], rows)
+    table = markdown_table(["layers (enc-dec)", "slides BLEU (50k updates)", "ours", "updates"], rows)
     return _page(o, table, checks, metric)
 
 
@@ -557,7 +553,7 @@ def render_lipschitz(o: Outcome) -> str:
               ("v1 with Lipschitz init trains at every depth", all_ok("order_v1", "lipschitz", depths)),
               ("v2 (Pre-LN) trains at every depth, with and without",
                _all([all_ok("order_v2", "xavier", depths), all_ok("order_v2", "lipschitz", depths)]))]
-    return _page(o, md_table(header, rows), checks, metric)
+    return _page(o, markdown_table(header, rows), checks, metric)
 
 
 def _page(o: Outcome, table: str, checks: Sequence[tuple[str, Optional[bool]]], metric: str) -> str:
@@ -623,8 +619,6 @@ def part_dir(sweep_dir: Path, part: Part) -> Path:
 
 def gpu_visible() -> bool:
     try:
-        import torch
-
         return torch.cuda.is_available()
     except Exception:  # a broken CUDA install counts as none
         return False
@@ -669,8 +663,6 @@ def deepinit_command(part: Part, pdir: Path, extra: Sequence[str], launch: Seque
 
 def score_cells(cells: Sequence[CellResult], part: Part, device: str, echo=print) -> None:
     """BLEU for finished ok cells that have none yet (evaluate_run adds it to result.json)."""
-    from runner.evaluate import evaluate_run
-
     for c in cells:
         if c.status != "ok" or c.path is None or (c.result.get("eval") or {}).get("test"):
             continue
@@ -691,8 +683,6 @@ def write_outputs(outcome: Outcome, metric: str, echo=print) -> Path:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     if outcome.target == "grid":
         try:
-            from runner.sweep.report import load_sweep, plot_heatmaps
-
             sweep = load_sweep(sweep_dir)
             if any(c.status in ("ok", *NOT_TRAINED) for c in sweep.cells):
                 plot_heatmaps(sweep, metric, sweep_dir)
@@ -704,24 +694,8 @@ def write_outputs(outcome: Outcome, metric: str, echo=print) -> Path:
     return path
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m runner.reproduce",
-                                description="Reproduce a published table (docs/reproductions.md).")
-    p.add_argument("target", choices=[*TARGETS, "list"])
-    p.add_argument("overrides", nargs="*", help="extra overrides for every cell; an override of a "
-                   "swept axis replaces its values (e.g. model.layers=6,20,50)")
-    p.add_argument("--scale", choices=SCALES, help="default: paper when a GPU is visible, else cpu")
-    p.add_argument("--launcher", choices=LAUNCHERS,
-                   help="default: local (cells in parallel: one per GPU, or --parallel on CPU)")
-    p.add_argument("--parallel", type=int, default=0,
-                   help="CPU scale with the local launcher: cells at once (default: CPU count)")
-    p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
-                   help="parent of the sweep folder <target>-<scale> (default outputs/reproduce)")
-    p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")
-    p.add_argument("--no-eval", action="store_true", help="do not decode/score finished cells")
-    p.add_argument("--table-only", action="store_true",
-                   help="only (re)print the table from the run folders")
-    args = p.parse_intermixed_args(argv)
+def run(args) -> int:
+    """`deepinit reproduce` with parsed arguments (runner/cli/reproduce.py); the exit code."""
     if args.target == "list":
         for t in TARGETS.values():
             print(f"{t.name:14s} {t.title}")
@@ -802,6 +776,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"total wall time of this call: {_fmt_time(time.perf_counter() - t0)}")
     return rc
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,18 +16,11 @@ TINY = ["model=ci", "warmup.updates=5", "trainer.max_updates=20", "trainer.log_i
 
 
 def compose(overrides: list[str] = ()):
-    """The typed Config (dataclasses) for these overrides, composed from conf/ like the CLI."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
+    """The typed Config (dataclasses) for these overrides, composed from conf/ by the CLI's own
+    composition (a bad override raises ConfigError)."""
+    from runner.cli.compose import compose as cli_compose
 
-    from runner.cli import config_dir
-    from runner.config import register_schemas
-
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = hydra_compose(config_name="train", overrides=list(overrides))
-    return OmegaConf.to_object(cfg)
+    return cli_compose(list(overrides))
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -39,3 +32,20 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300, **kwargs) -> subpr
 @pytest.fixture
 def tiny_overrides():
     return list(TINY)
+
+
+def staged_data(folder: str) -> Path:
+    """A real corpus folder (e.g. "multi30k") under the data root: $DEEPINIT_DATA_ROOT, which
+    `make test` sets to ../shared/data beside the checkout, else deepinit's per-user default."""
+    from runner.data.corpus import default_data_root
+
+    return default_data_root() / folder
+
+
+def needs_staged(folder: str, what: str):
+    """A skipif mark for tests that read `staged_data(folder)`; the reason names the folder."""
+    path = staged_data(folder)
+    return pytest.mark.skipif(
+        not path.is_dir(),
+        reason=f"{what} not found at {path}: set DEEPINIT_DATA_ROOT to the folder that holds "
+               f"{folder.split('/')[0]}/ (make test uses ../shared/data)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-from runner.config import register_schemas
+from runner.cli.compose import register_schemas
 
 register_schemas()
 CONF = str(Path(__file__).resolve().parents[1] / "conf")

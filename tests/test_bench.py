@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from runner.bench import (IWSLT_DIR, fairseq_generate_batches, main_bench, summarize_pair,
-                          train_flops, write_corpus)
+from runner.bench import IWSLT_DIR, fairseq_generate_batches, summarize_pair, train_flops, write_corpus
+from runner.cli.bench import main as main_bench
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_train_flops_matches_torch_flop_counter():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from runner.model.seq2seq import build_model
+    from runner.run.build import model_for as build_model
     from tests.conftest import compose
 
     cfg = compose(["model=ci", "model.dim=32", "model.ffn_dim=48", "model.dropout=0",

@@ -1,13 +1,11 @@
 """Every option composes; bad input is rejected with one line and exit code 2."""
 from __future__ import annotations
 
-import itertools
-from pathlib import Path
-
 import pytest
-
 from conftest import REPO, compose, run_cli
-from runner.config import ConfigError, validate
+
+from runner.config import ConfigError
+from runner.run.build import check_config as validate
 
 GROUPS = ["model", "norm", "init", "optim", "schedule", "warmup", "data", "trainer"]
 

@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY, compose
-from runner.train import train
+
+from runner.run.train import train
 
 
 def losses(run_dir: Path) -> list[tuple[int, float]]:

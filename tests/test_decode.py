@@ -6,11 +6,12 @@ import math
 
 import pytest
 import torch
-
 from conftest import compose
-from runner.evaluate import average_checkpoints, beam_search, decode_batches, greedy_search
+
 from runner.data.dataset import TokenizedSplit
-from runner.model.seq2seq import build_model
+from runner.decode.search import beam_search, decode_batches, greedy_search
+from runner.run.build import model_for as build_model
+from runner.run.folder import average_checkpoints
 
 PAD, BOS, EOS = 1, 0, 2
 VOCAB = 40
@@ -162,7 +163,7 @@ def test_average_two_known_checkpoints(tmp_path):
 
 
 def test_beams_keep_their_cache_rows():
-    from runner.evaluate import _keep_in_place
+    from runner.decode.search import _keep_in_place
 
     parents = torch.tensor([[0, 0, 1, 3], [2, 2, 2, 2], [3, 2, 1, 0]])
     assert _keep_in_place(parents).tolist() == [[0, 2, 1, 3], [2, 0, 1, 3], [3, 2, 1, 0]]

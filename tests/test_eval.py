@@ -6,14 +6,16 @@ import json
 
 import pytest
 import torch
-
 from conftest import TINY, compose, run_cli
-from runner.bleu import tokenized_bleu
-from runner.evaluate import (config_from_dict, decode_throughput, evaluate_run, load_eval_data,
-                             main_eval)
-from runner import checkpoint as ckpt
-from runner.model.seq2seq import build_model
-from runner.train import train
+
+from runner.cli.eval import main as main_eval
+from runner.config import config_from_dict
+from runner.decode.scoring import tokenized_bleu
+from runner.decode.search import decode_throughput
+from runner.run import folder as ckpt
+from runner.run.build import model_for as build_model
+from runner.run.evaluate import evaluate_run, load_eval_data
+from runner.run.train import train
 
 # A reduced toy grammar and a short run: enough for a model whose output overlaps the
 # references (BLEU well above 0) in about 12 s on one core.
@@ -65,19 +67,19 @@ def test_other_split_and_last_checkpoint(run_dir):
 
 
 def test_averaging_changes_the_model(run_dir):
-    from runner.evaluate import average_checkpoints
+    from runner.run.folder import average_checkpoints
 
     paths = ckpt.numbered_checkpoints(run_dir)
     avg = average_checkpoints(paths)
-    last = ckpt.load(paths[-1])["model"]
-    states = [ckpt.load(p)["model"] for p in paths]
+    last = ckpt.load_checkpoint(paths[-1])["model"]
+    states = [ckpt.load_checkpoint(p)["model"] for p in paths]
     key = next(k for k, v in last.items() if v.is_floating_point() and v.dim() == 2)
     torch.testing.assert_close(avg[key], sum(s[key] for s in states) / 3)
     assert not torch.equal(avg[key], last[key])
 
 
 def test_decode_throughput(run_dir):
-    state = ckpt.load(run_dir / ckpt.LAST)
+    state = ckpt.load_checkpoint(run_dir / ckpt.LAST)
     cfg = config_from_dict(state["config"])
     data = load_eval_data(cfg, "test")
     model = build_model(cfg, len(data.src_dict), len(data.tgt_dict), data.tgt_dict.pad_index)
@@ -111,7 +113,7 @@ def test_training_with_valid_bleu_best_checkpoint_and_final_bleu(tmp_path):
     valid = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["split"] == "valid"]
     assert [v["step"] for v in valid] == [10, 20] and all(v["bleu"] >= 0 for v in valid)
-    best = ckpt.load(run / "checkpoint_best.pt")
+    best = ckpt.load_checkpoint(run / "checkpoint_best.pt")
     assert best["best_metric"] == max(v["bleu"] for v in valid)
     assert best["step"] == next(v["step"] for v in valid if v["bleu"] == best["best_metric"])
     on_disk = json.loads((run / "result.json").read_text())
@@ -132,7 +134,7 @@ def test_checkpoint_that_does_not_fit_the_data(run_dir, tmp_path, capsys):
 
     other = tmp_path / "other"
     other.mkdir()
-    state = ckpt.load(run_dir / ckpt.LAST)
+    state = ckpt.load_checkpoint(run_dir / ckpt.LAST)
     state["config"]["data"]["toy"]["nouns"] = 40  # a larger vocabulary than the weights have
     torch.save(state, other / ckpt.LAST)
     shutil.copy(run_dir / "result.json", other / "result.json")
@@ -144,7 +146,7 @@ def test_checkpoint_that_does_not_fit_the_data(run_dir, tmp_path, capsys):
 def test_eval_refuses_data_whose_vocabulary_changed(tmp_path):
     """Same vocabulary size, other words: decoding would be silently wrong, so eval stops."""
     from runner.data.dictionary import Dictionary
-    from runner.evaluate import EvalError, check_dictionaries
+    from runner.run.evaluate import EvalError, check_dictionaries
 
     saved = Dictionary(["a", "b", "c", "d"])
     saved.save(tmp_path / "dict.src.txt")

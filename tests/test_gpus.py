@@ -1,8 +1,7 @@
 """GPU assignment for local sweeps, on fake device lists (no CUDA needed)."""
 import pytest
 
-from runner.sweep.gpus import (SlotPool, cuda_visible_devices, detect_devices, make_slots,
-                               parse_visible_devices)
+from runner.sweep.gpus import SlotPool, cuda_visible_devices, detect_devices, make_slots, parse_visible_devices
 
 
 def test_parse_visible_devices_follows_cuda_rules():

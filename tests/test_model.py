@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-
 from conftest import compose
+
 from runner import init as init_schemes
 from runner.data.batching import collate, make_batches
 from runner.data.toy import build
-from runner.model.seq2seq import build_model
 from runner.model.sublayer import PLACEMENTS
+from runner.run.build import model_for as build_model
 
 
 def small_batch(cfg):
@@ -172,7 +172,8 @@ def test_per_stack_placement_admin_table_1():
     assert isinstance(model.encoder.final_norm, torch.nn.Identity)
     assert isinstance(model.decoder.final_norm, torch.nn.LayerNorm)
     assert torch.isfinite(model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)).all()
-    from runner.config import ConfigError, validate
+    from runner.config import ConfigError
+    from runner.run.build import check_config as validate
     with pytest.raises(ConfigError, match="use norm=post"):
         validate(compose(["init=admin", "norm=post", "norm.decoder_placement=pre"]))
 

@@ -6,10 +6,8 @@ import os
 import subprocess
 import sys
 import sysconfig
-from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TINY
 
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from runner import reproduce as rp
-from runner.config import validate
+from runner.cli.reproduce import main as reproduce_main
+from runner.run.build import check_config as validate
 from tests.conftest import REPO, compose
 
 PAPER_ENV = {"DEEPINIT_IWSLT14_DIR": "/nonexistent/iwslt", "DEEPINIT_WMT14_DIR": "/nonexistent/wmt"}
@@ -298,7 +299,7 @@ def test_paper_scale_without_data_exits_2(tmp_path, monkeypatch, capsys):
     (tmp_path / "wmt").mkdir()
     (tmp_path / "wmt" / "train.en").write_text("x\n")
     monkeypatch.setenv("DEEPINIT_WMT14_DIR", str(tmp_path / "wmt"))
-    rc = rp.main(["table2", "--scale", "paper", "--out", str(tmp_path / "o")])
+    rc = reproduce_main(["table2", "--scale", "paper", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2
     assert "DEEPINIT_IWSLT14_DIR is not set" in err
@@ -313,7 +314,7 @@ def test_one_cell_end_to_end_then_resume_is_a_no_op(tmp_path, capsys):
             "trainer.valid_interval=0", "trainer.save_interval=0", "data.toy.train_size=100",
             "data.toy.valid_size=10", "data.toy.test_size=10",
             "trainer.divergence.stall_margin=-1000"]  # 4 updates: never call it stalled
-    assert rp.main(args) == 0
+    assert reproduce_main(args) == 0
     out = capsys.readouterr().out
     sweep = tmp_path / "table2-cpu"
     results = list(sweep.glob("*/result.json"))
@@ -326,7 +327,7 @@ def test_one_cell_end_to_end_then_resume_is_a_no_op(tmp_path, capsys):
     assert row[2] == "not run" and row[6] == "not run"
     assert "total wall time of this call" in out
     before = results[0].stat().st_mtime_ns
-    assert rp.main(args) == 0
+    assert reproduce_main(args) == 0
     out = capsys.readouterr().out
     assert "1 cells, 1 finished" in out and "running 1 unfinished" not in out
     assert results[0].stat().st_mtime_ns == before

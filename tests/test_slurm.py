@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.sweep.report import load_sweep, main_report
+from runner.cli.report import main as main_report
+from runner.sweep.report import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "sweep_probe_app.py"
@@ -175,7 +176,8 @@ def test_two_task_cell_trains_with_ddp_like_one_process(tmp_path):
     """A cell with trainer.devices=2 gets tasks_per_node=2; each SLURM task is one gloo rank and
     the loss curve equals one process with the same global batch (update_freq=2)."""
     from conftest import compose  # the same composition as the CLI
-    from runner.train import train
+
+    from runner.run.train import train
 
     common = ["model.dropout=0", "trainer.max_updates=10", "warmup.updates=2",
               "trainer.log_interval=5", "trainer.save_interval=5", "trainer.valid_interval=5"]

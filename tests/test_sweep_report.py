@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.sweep.report import (axis_value, default_metric, expected_cells, isolation_rows,
-                                 load_sweep, main_report)
+from runner.cli.report import main as main_report
+from runner.sweep.report import axis_value, default_metric, expected_cells, isolation_rows, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "sweep_probe_app.py"
@@ -142,10 +142,10 @@ def test_every_preset_cell_composes_and_validates(preset, cells):
     preset's sweep block names axes the report can read."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from omegaconf import OmegaConf
 
-    from runner.config import register_schemas, validate
+    from runner.cli.compose import register_schemas
+    from runner.run.build import check_config as validate
 
     register_schemas()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

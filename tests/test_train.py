@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import DEEPINIT, TINY, compose, run_cli
-from runner.train import train
+
+from runner.run.train import train
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -9,15 +9,17 @@ to the cell itself (runner/sweep/gpus.py holds the assignment logic).
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import time
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
+import submitit
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from runner.sweep.gpus import SlotPool, cuda_visible_devices, detect_devices, make_slots
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +32,6 @@ class LocalSweepLauncher(BaseSubmititLauncher):
     _EXECUTOR = "local"
 
     def _slots(self) -> list:
-        from runner.sweep.gpus import detect_devices, make_slots
-
         gpus = self.params.get("gpus")
         devices = detect_devices() if gpus is None else [str(g) for g in gpus]
         per_cell = int(self.params.get("gpus_per_cell") or 0)
@@ -40,9 +40,6 @@ class LocalSweepLauncher(BaseSubmititLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
-        import submitit
-
-        from runner.sweep.gpus import SlotPool, cuda_visible_devices
 
         assert self.config is not None
         params = self.params

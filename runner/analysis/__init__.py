@@ -9,15 +9,9 @@
 Each takes configurations as `--config "norm=post init=admin"` (repeatable; a finished run
 folder also works), overrides shared by all of them as positional `key=value` arguments, and
 writes <what>.json and a PNG plot into --out (default outputs/analysis/<what>).
-Hooks live in hooks.py and never touch model code (architecture principle 2).
+Hooks live in hooks.py and never touch model code. The CLI is runner/cli/analyze.py.
 """
 from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
-
-from runner.config import ConfigError
 
 DEFAULT_CONFIGS = {
     "output-change": ["norm=post", "norm=pre", "norm=post init=admin"],
@@ -25,122 +19,3 @@ DEFAULT_CONFIGS = {
     "dependency": ["norm=post", "norm=pre", "norm=post init=admin"],
     "early-training": ["norm=post", "norm=none init=tfixup"],
 }
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="deepinit analyze",
-                                     description="the papers' diagnostic figures")
-    sub = parser.add_subparsers(dest="what", required=True)
-
-    def common_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("args", nargs="*", metavar="OVERRIDE|RUN_DIR",
-                       help="key=value overrides applied to every configuration, or finished "
-                            "run folders (their config and checkpoints are reused)")
-        p.add_argument("--config", action="append", default=[], metavar="OVERRIDES",
-                       help='one configuration, e.g. "norm=post init=admin" (repeatable)')
-        p.add_argument("--out", type=Path, default=None, help="output folder")
-        p.add_argument("--sentences", type=int, default=32,
-                       help="training pairs in the fixed input batch x0")
-        p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-
-    p = sub.add_parser("output-change", help="Admin Fig. 4")
-    common_args(p)
-    p.add_argument("--depths", default="2,4,8,16", help="layers per stack, comma-separated")
-    p.add_argument("--seeds", default="1,2,3")
-    p.add_argument("--eps", type=float, default=0.01,
-                   help="random perturbation, relative to each weight tensor's std")
-    p.add_argument("--lr", type=float, default=None, help="Adam step size (default optim.lr)")
-    p.add_argument("--output", choices=("encoder", "decoder"), default="encoder",
-                   help="which output the plot shows (both are in the JSON)")
-
-    p = sub.add_parser("grad-norms", help="Admin Fig. 3")
-    common_args(p)
-    p.add_argument("--depth", type=int, default=None, help="layers per stack (default: config)")
-    p.add_argument("--seeds", default="1,2,3")
-
-    p = sub.add_parser("dependency", help="Admin Figs. 7/8")
-    common_args(p)
-    p.add_argument("--depth", type=int, default=None, help="layers per stack (default: config)")
-    p.add_argument("--seed", type=int, default=None, help="init seed (default trainer.seed)")
-
-    p = sub.add_parser("early-training", help="T-Fixup Figs. 2, 3a/b")
-    common_args(p)
-    p.add_argument("--updates", type=int, default=100, help="K: updates to follow")
-    p.add_argument("--warmup-updates", type=int, default=4000,
-                   help="warmup length of the 'with warmup' arm (T-Fixup's baseline: 4000)")
-    return parser
-
-
-def _settings(ns):
-    from runner.analysis import common
-
-    overrides = [a for a in ns.args if not common.is_run_dir(a)]
-    runs = [a for a in ns.args if common.is_run_dir(a)]
-    bad = [a for a in overrides if "=" not in a]
-    if bad:
-        raise ConfigError(f"{bad[0]!r}: neither a key=value override nor a run folder "
-                          "(a folder with .hydra/config.yaml)")
-    configs = list(ns.config) + runs
-    return common.settings_from(configs, overrides, DEFAULT_CONFIGS[ns.what])
-
-
-def main_analyze(argv: list[str]) -> int:
-    ns = _parser().parse_args(argv)
-    import torch
-    from rich.console import Console
-
-    from runner.analysis import common
-    from runner.data.corpus import CorpusError
-
-    if ns.threads:
-        torch.set_num_threads(ns.threads)
-    console = Console()
-    out = ns.out or Path("outputs") / "analysis" / ns.what
-    log = lambda msg: console.log(msg)  # noqa: E731
-    try:
-        if ns.sentences < 1:
-            raise ConfigError(f"--sentences={ns.sentences}: expected >= 1")
-        settings = _settings(ns)
-        stem = ns.what.replace("-", "_")
-        out.mkdir(parents=True, exist_ok=True)
-        pngs = []
-        if ns.what == "output-change":
-            from runner.analysis import output_change as mod
-
-            depths = common.parse_ints(ns.depths)
-            result = mod.run(settings, depths, common.parse_ints(ns.seeds), ns.eps, ns.sentences,
-                             ns.lr, progress=log)
-            pngs.append(out / f"{stem}.png")
-            mod.plot(result, pngs[0], ns.output)
-        elif ns.what == "grad-norms":
-            from runner.analysis import grad_norms as mod
-
-            result = mod.run(settings, ns.depth, common.parse_ints(ns.seeds), ns.sentences,
-                             progress=log)
-            pngs.append(out / f"{stem}.png")
-            mod.plot(result, pngs[0])
-        elif ns.what == "dependency":
-            from runner.analysis import dependency as mod
-
-            result = mod.run(settings, ns.depth, ns.seed, ns.sentences, progress=log)
-            pngs.append(out / f"{stem}.png")
-            mod.plot(result, pngs[0])
-        else:
-            from runner.analysis import early_training as mod
-
-            if ns.updates < 1:
-                raise ConfigError(f"--updates={ns.updates}: expected >= 1")
-            result = mod.run(settings, ns.updates, ns.warmup_updates, progress=log)
-            pngs += [out / "early_training_histograms.png", out / "early_training_ln_norms.png"]
-            mod.plot_histograms(result, pngs[0])
-            mod.plot_ln_norms(result, pngs[1])
-        tables = mod.summary(result)
-        result["command"] = ["deepinit", "analyze", *argv]
-        common.write_json(out / f"{stem}.json", result)
-    except (ConfigError, CorpusError) as err:
-        sys.stderr.write(f"deepinit: error: {err}\n")
-        return 2
-    for table in tables:
-        console.print(table)
-    console.print(f"wrote {out / f'{stem}.json'} and {', '.join(str(p) for p in pngs)}")
-    return 0

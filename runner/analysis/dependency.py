@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from rich.table import Table
 from torch import nn
 
 from runner.analysis import common
@@ -162,8 +163,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def summary(result: dict):
-    from rich.table import Table
-
     table = Table(title="layer dependency beta (mean own-branch beta_ii vs earlier branches)",
                   title_justify="left")
     for col in ("config", "stage", "enc β_ii", "enc β_i,j<i", "dec β_ii", "dec β_i,j<i",

@@ -11,8 +11,9 @@ order, everything else as the configuration says):
     decoder self-attention, i.e. omega*x + alpha*a of that sublayer (Fig. 3a/b). With Pre-LN or
     no LN this is the residual stream at the same place.
 
-The loop is Trainer's update (same lr schedule, loss, clipping, optimizer and batch order) in
-train mode, without checkpoints or validation."""
+Each update is the train loop's own `Trainer.step` (same lr schedule, loss, clipping, optimizer
+and batch order), on the padded layout, without checkpoints or validation; the measurements are
+a callback."""
 from __future__ import annotations
 
 import copy
@@ -21,9 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from rich.table import Table
 
 from runner.analysis import common
 from runner.analysis.hooks import EncoderEmbeddingGrad, SublayerRecorder
+from runner.config import Config
+from runner.run.build import build_run, check_config
+from runner.train.loop import Callback, StepOutput, Trainer
 
 # log10|value| bins of the histograms: T-Fixup's Fig. 2 spans about 1e-12 .. 1.
 BINS = np.linspace(-12.0, 1.0, 66)
@@ -42,59 +47,59 @@ def _histogram(values: torch.Tensor) -> tuple[list[int], dict]:
     return counts.tolist(), stats
 
 
-def arm_config(cfg, warmup: int, updates: int):
+def arm_config(cfg: Config, warmup: int, updates: int) -> Config:
+    """One arm: the configuration with this warmup, trained on the padded layout (the probes
+    read per-position activations) without activation checkpointing (hooks fire once)."""
     cfg = copy.deepcopy(cfg)
     cfg.warmup.updates = warmup
     cfg.trainer.max_updates = max(cfg.trainer.max_updates, warmup, updates)
-    from runner.config import validate
-
-    validate(cfg)
+    cfg.trainer.unpad = False
+    cfg.trainer.device = "cpu"
+    cfg.model.activation_checkpointing = False
+    check_config(cfg)
     return cfg
 
 
-def train_arm(cfg, updates: int) -> dict:
-    """K updates from the configured init; per update the embedding gradient/update histograms
-    and the decoder self-attention LN-input norms (measured in that update's forward)."""
-    from runner.data.batching import collate, filter_by_length, make_batches
-    from runner.optim import build_optimizer, set_lr
-    from runner.schedule import lr_at
-    from runner.train import DataPosition, batch_stream
+class EarlyTrainingProbe(Callback):
+    """Per update: the encoder embedding gradient and the optimizer's update of the table as
+    histograms, and the decoder self-attention LN-input norms of that update's forward."""
 
-    model = common.fresh_model(cfg)
-    model.train()
-    data = common.data_for(cfg)
-    split = data.splits[cfg.data.train_split]
-    keep = filter_by_length(split, cfg.data.max_source_positions, cfg.data.max_target_positions)
-    batches = make_batches(split, cfg.data.max_tokens, keep, seed=cfg.trainer.seed)
-    stream = batch_stream(batches, cfg.trainer.seed, DataPosition())
-    optimizer = build_optimizer(model.parameters(), cfg, "cpu")
-    params = [p for p in model.parameters() if p.requires_grad]
-    max_norm = cfg.optim.clip_norm if cfg.optim.clip_norm > 0 else float("inf")
-    table = model.embedding_tables()["encoder"]
-    steps = []
-    for step in range(updates):
-        lr = lr_at(step, cfg)
-        set_lr(optimizer, lr)
-        batch = collate(split, next(stream), data.tgt_dict.pad_index, data.tgt_dict.eos_index)
-        with SublayerRecorder(model, keep=("sum_in",)) as rec, EncoderEmbeddingGrad(model) as emb:
-            loss = common.loss_of(model, cfg, batch)
-            loss.backward()
-        tgt_keep = batch.target != model.pad_index
+    def __init__(self, model):
+        self.model = model
+        self.table = model.embedding_tables()["encoder"]
+        self.steps: list[dict] = []
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        self.recorder = SublayerRecorder(self.model, keep=("sum_in",)).__enter__()
+        self.embedding = EncoderEmbeddingGrad(self.model).__enter__()
+        self.before = self.table.detach().clone()
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        self.recorder.__exit__(None, None, None)
+        self.embedding.__exit__(None, None, None)
+        tgt_keep = out.batches[0].target != self.model.pad_index
         ln_norms = [float(r.sum_in[tgt_keep].norm(dim=-1).mean())
-                    for r in rec.side("decoder") if r.ref.kind == "self_attn"]
-        grad_counts, grad_stats = _histogram(emb.grad_rows)
-        gnorm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        before = table.detach().clone()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        update_counts, update_stats = _histogram(table.detach() - before)
-        steps.append({"step": step + 1, "lr": lr, "loss": float(loss.detach()),
-                      "grad_norm": float(gnorm), "ln_input_norms": ln_norms,
-                      "embedding_grad": grad_stats, "embedding_grad_hist": grad_counts,
-                      "adam_update": update_stats, "adam_update_hist": update_counts})
-        if not math.isfinite(steps[-1]["loss"]):
+                    for r in self.recorder.side("decoder") if r.ref.kind == "self_attn"]
+        grad_counts, grad_stats = _histogram(self.embedding.grad_rows)
+        update_counts, update_stats = _histogram(self.table.detach() - self.before)
+        self.steps.append({"step": trainer.state.step, "lr": out.lr,
+                           "loss": float(out.loss_per_token), "grad_norm": float(out.grad_norm),
+                           "ln_input_norms": ln_norms,
+                           "embedding_grad": grad_stats, "embedding_grad_hist": grad_counts,
+                           "adam_update": update_stats, "adam_update_hist": update_counts})
+
+
+def train_arm(cfg: Config, updates: int) -> dict:
+    """K updates of the train loop's own step from the configured init, with the probe."""
+    parts = build_run(cfg)
+    probe = EarlyTrainingProbe(parts.model)
+    trainer = Trainer(parts, [probe])
+    parts.model.train()
+    for _ in range(updates):
+        trainer.step()
+        if not math.isfinite(probe.steps[-1]["loss"]):
             break
-    return {"steps": steps}
+    return {"steps": probe.steps}
 
 
 def run(settings: list[common.Setting], updates: int, warmup_updates: int,
@@ -185,8 +190,6 @@ def _e(value) -> str:
 
 
 def summary(result: dict):
-    from rich.table import Table
-
     table = Table(title=f"first {result['updates']} updates (medians of |value|; LN norm of the "
                         "top decoder layer)", title_justify="left")
     for col in ("config", "arm", "emb. grad first→min→last", "update first / max",

@@ -5,7 +5,10 @@ The paper's finding: only the Post-LN decoder loses gradient, and the drop happe
 encoder-attention outputs to their inputs (the self-attention outputs)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+from rich.table import Table
 
 from runner.analysis import common
 from runner.analysis.hooks import SublayerRecorder
@@ -41,7 +44,6 @@ def decoder_drop(rows: list[dict]) -> dict:
         by_layer.setdefault(row["layer"], {})[row["kind"]] = row["norm"]
     ratios = [v["self_attn"] / v["cross_attn"] for _, v in sorted(by_layer.items())
               if v.get("cross_attn", 0) > 0]
-    import math
 
     geo = math.exp(sum(math.log(max(r, 1e-30)) for r in ratios) / len(ratios)) if ratios else None
     return {"self_over_cross": ratios, "geomean_self_over_cross": geo,
@@ -121,8 +123,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def summary(result: dict):
-    from rich.table import Table
-
     table = Table(title="gradient norms of sublayer outputs at init (relative to each stack's max)",
                   title_justify="left")
     for col in ("config", "encoder bottom/top", "decoder bottom/top", "decoder min",

@@ -22,9 +22,11 @@ import time
 from pathlib import Path
 
 import torch
+from rich.table import Table
 
 from runner.analysis import common
 from runner.analysis.fits import fit_laws
+from runner.train.optim import build_optimizer, set_lr
 
 KINDS = ("random", "adam")
 OUTPUTS = ("encoder", "decoder")
@@ -68,8 +70,6 @@ def perturb_branches(model, eps: float, generator: torch.Generator) -> int:
 def adam_step(model, cfg, batch, lr: float) -> float:
     """One optimizer update on the loss of `batch`, exactly as Trainer takes it (clipping
     included). Returns the loss before the update."""
-    from runner.optim import build_optimizer, set_lr
-
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(model.parameters(), cfg, "cpu")
     set_lr(optimizer, lr)
@@ -169,8 +169,6 @@ def plot(result: dict, path: Path, output: str = "encoder") -> None:
 
 
 def summary(result: dict):
-    from rich.table import Table
-
     table = Table(title="output change |F-F*|² (encoder output, mean over seeds)",
                   title_justify="left")
     for col in ("config", "N", "random", "adam"):

@@ -1,60 +1,73 @@
-"""Initialization schemes behind one interface (architecture principle 2).
+"""Initialization schemes behind one interface (runner/init/base.py: InitScheme).
 
-Each scheme is a module with
-    apply(model, cfg, batch) -> dict      writes values into the model's existing slots
-                                          (weights, omega, alpha) and returns a report for
-                                          init.json; `batch` is the first training batch
-                                          (Admin profiles it), or None.
-and optionally
-    requirements(cfg) -> list[str]        one line per violated requirement, naming the fix
-    residual(cfg) -> ResidualSpec         which residual scales train (fixed at construction)
-    on_update(model, step, cfg) -> None   called after every optimizer update (alpha ramps)
-The registry is this dict literal; nothing registers itself on import.
+The registry is the dict literal below: adding a scheme is one file with an InitScheme subclass
+and one line here. Nothing registers itself on import. The run assembly calls, in order,
+`check_requirements(cfg)` (config time), `residual_spec(cfg)` (handed to the model builder),
+`apply(model, cfg, batch)` (after the model is built) and `update_hook(cfg)` (per update).
 """
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Callable, Optional
 
-from runner.init import (admin, admin_torch, deepnorm, ds_init, lipschitz, rezero, rezero_postln,
-                         rezero_ramp, skipinit, tfixup, xavier)
+from runner.config import ConfigError
+from runner.init.admin import Admin
+from runner.init.admin_torch import AdminTorch
+from runner.init.base import InitScheme, ModelSurface, placement_problems
+from runner.init.deepnorm import DeepNorm
+from runner.init.ds_init import DSInit
+from runner.init.lipschitz import Lipschitz
+from runner.init.rezero import ReZero
+from runner.init.rezero_postln import ReZeroPostLN
+from runner.init.rezero_ramp import ReZeroRamp
+from runner.init.skipinit import SkipInit
+from runner.init.tfixup import TFixup
+from runner.init.xavier import Xavier
 from runner.model.sublayer import ResidualSpec
 
-SCHEMES: dict[str, ModuleType] = {
-    "xavier": xavier,
-    "tfixup": tfixup,
-    "admin": admin,
-    "admin_torch": admin_torch,
-    "lipschitz": lipschitz,
-    "ds_init": ds_init,
-    "deepnorm": deepnorm,
-    "rezero": rezero,
-    "rezero_postln": rezero_postln,
-    "skipinit": skipinit,
-    "rezero_ramp": rezero_ramp,
+SCHEMES: dict[str, InitScheme] = {
+    "xavier": Xavier(),
+    "tfixup": TFixup(),
+    "admin": Admin(),
+    "admin_torch": AdminTorch(),
+    "lipschitz": Lipschitz(),
+    "ds_init": DSInit(),
+    "deepnorm": DeepNorm(),
+    "rezero": ReZero(),
+    "rezero_postln": ReZeroPostLN(),
+    "skipinit": SkipInit(),
+    "rezero_ramp": ReZeroRamp(),
 }
 
 
-def get_scheme(name: str) -> ModuleType:
-    return SCHEMES[name]
+def get_scheme(name: str) -> InitScheme:
+    try:
+        return SCHEMES[name]
+    except KeyError:
+        raise ConfigError(f"init={name}: unknown init scheme; expected one of "
+                          f"{', '.join(sorted(SCHEMES))}") from None
 
 
-def scheme_requirements(cfg) -> list[str]:
+def check_requirements(cfg) -> None:
+    """Raise ConfigError with one line naming the override to change when the scheme does not
+    define this combination (both stacks' placements are checked)."""
     scheme = get_scheme(cfg.init.name)
-    return list(getattr(scheme, "requirements", lambda _: [])(cfg))
+    for problem in placement_problems(scheme, cfg) + scheme.requirements(cfg):
+        raise ConfigError(problem)
 
 
 def residual_spec(cfg) -> ResidualSpec:
-    scheme = get_scheme(cfg.init.name)
-    return getattr(scheme, "residual", lambda _: ResidualSpec())(cfg)
+    return get_scheme(cfg.init.name).residual(cfg)
 
 
-def apply(model, cfg, batch=None) -> dict:
+def apply(model: ModelSurface, cfg, batch=None) -> dict:
     """Initialize `model` in place with the configured scheme; returns the init.json report."""
     report = get_scheme(cfg.init.name).apply(model, cfg, batch)
     return {"scheme": cfg.init.name, **report}
 
 
-def on_update_hook(cfg):
+def update_hook(cfg) -> Optional[Callable[[ModelSurface, int], None]]:
     """The scheme's per-update hook bound to cfg, or None (the train loop then calls nothing)."""
-    hook = getattr(get_scheme(cfg.init.name), "on_update", None)
-    return None if hook is None else (lambda model, step: hook(model, step, cfg))
+    scheme = get_scheme(cfg.init.name)
+    if not scheme.updates_during_training(cfg):
+        return None
+    return lambda model, step: scheme.on_update(model, step, cfg)

@@ -8,13 +8,10 @@ import math
 
 import torch
 
-from runner.init.common import fairseq_xavier, needs_placement
-from runner.loss import label_smoothed_nll
+from runner.init.base import InitScheme
+from runner.init.common import fairseq_xavier
+from runner.model.loss import label_smoothed_nll
 from runner.model.sublayer import ResidualSpec
-
-
-def requirements(cfg) -> list[str]:
-    return needs_placement(cfg, "post", "Admin rescales the Post-LN shortcut: use norm=post")
 
 
 def residual_for(omega_mode: str) -> ResidualSpec:
@@ -22,10 +19,6 @@ def residual_for(omega_mode: str) -> ResidualSpec:
     sublayer, constant = a fixed d-vector (not trained)."""
     return ResidualSpec(omega_trainable=omega_mode != "constant",
                         omega_vector=omega_mode != "scalar")
-
-
-def residual(cfg) -> ResidualSpec:
-    return residual_for(cfg.init.omega)
 
 
 def population_var(t: torch.Tensor) -> float:
@@ -96,7 +89,19 @@ def profile(model, cfg, batch) -> dict[str, float]:
     return profiler.omegas
 
 
-def apply(model, cfg, batch=None) -> dict:
+class Admin(InitScheme):
+    name = "admin"
+    placements = ("post",)
+    placement_hint = "Admin rescales the Post-LN shortcut"
+
+    def residual(self, cfg) -> ResidualSpec:
+        return residual_for(cfg.init.omega)
+
+    def apply(self, model, cfg, batch=None) -> dict:
+        return apply_admin(model, cfg, batch)
+
+
+def apply_admin(model, cfg, batch) -> dict:
     if batch is None:
         raise ValueError("init=admin profiles the first training batch: pass it to apply()")
     fairseq_xavier(model, cfg)

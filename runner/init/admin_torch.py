@@ -8,7 +8,8 @@ import math
 import torch
 
 from runner.init.admin import residual_for
-from runner.init.common import fairseq_xavier, needs_placement
+from runner.init.base import InitScheme
+from runner.init.common import fairseq_xavier
 
 
 def omega(n: int, output_change_scale: str) -> float:
@@ -28,20 +29,20 @@ def residual_sublayers(model) -> dict[str, int]:
     return {"encoder": 2 * model.cfg.num_encoder_layers, "decoder": 3 * model.cfg.num_decoder_layers}
 
 
-def requirements(cfg) -> list[str]:
-    return needs_placement(cfg, "post", "admin_torch rescales the Post-LN shortcut: use norm=post")
+class AdminTorch(InitScheme):
+    name = "admin_torch"
+    placements = ("post",)
+    placement_hint = "admin_torch rescales the Post-LN shortcut"
 
+    def residual(self, cfg):
+        return residual_for(cfg.init.omega)
 
-def residual(cfg):
-    return residual_for(cfg.init.omega)
-
-
-@torch.no_grad()
-def apply(model, cfg, batch=None) -> dict:
-    fairseq_xavier(model, cfg)
-    n = residual_sublayers(model)
-    values = {side: omega(count, cfg.init.output_change_scale) for side, count in n.items()}
-    for ref in model.sublayers():
-        ref.module.omega.fill_(values[ref.side])
-    return {"rule": f"admin-torch closed form, {cfg.init.output_change_scale} (methods 4.3)",
-            "omega_mode": cfg.init.omega, "n": n, "omega": values}
+    @torch.no_grad()
+    def apply(self, model, cfg, batch=None) -> dict:
+        fairseq_xavier(model, cfg)
+        n = residual_sublayers(model)
+        values = {side: omega(count, cfg.init.output_change_scale) for side, count in n.items()}
+        for ref in model.sublayers():
+            ref.module.omega.fill_(values[ref.side])
+        return {"rule": f"admin-torch closed form, {cfg.init.output_change_scale} (methods 4.3)",
+                "omega_mode": cfg.init.omega, "n": n, "omega": values}

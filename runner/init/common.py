@@ -123,10 +123,3 @@ def fill_alpha(model, value: float) -> None:
     with torch.no_grad():
         for ref in model.sublayers():
             ref.alpha.fill_(value)
-
-
-def needs_placement(cfg, placement: str, message: str) -> list[str]:
-    """A scheme's placement requirement holds for both stacks (per-stack overrides included)."""
-    norm = cfg.norm
-    stacks = (norm.encoder_placement or norm.placement, norm.decoder_placement or norm.placement)
-    return [] if all(p == placement for p in stacks) else [message]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runner.init.common import (branch_linears, fairseq_xavier, needs_placement, store_effective_,
-                                t5_qk_adjust_)
+from runner.init.base import InitScheme
+from runner.init.common import branch_linears, fairseq_xavier, store_effective_, t5_qk_adjust_
 from runner.model.sublayer import ResidualSpec
 
 BETA_SCALED = ("v", "out", "fc1", "fc2")
@@ -25,16 +25,20 @@ def constants(encoder_layers: int, decoder_layers: int, variant: str = "paper") 
     }
 
 
-def requirements(cfg) -> list[str]:
-    return needs_placement(cfg, "post", "DeepNorm up-weights the Post-LN shortcut: use norm=post")
+class DeepNorm(InitScheme):
+    name = "deepnorm"
+    placements = ("post",)
+    placement_hint = "DeepNorm up-weights the Post-LN shortcut"
+
+    def residual(self, cfg) -> ResidualSpec:
+        return ResidualSpec(omega_trainable=False, omega_vector=True)
+
+    @torch.no_grad()
+    def apply(self, model, cfg, batch=None) -> dict:
+        return apply_deepnorm(model, cfg)
 
 
-def residual(cfg) -> ResidualSpec:
-    return ResidualSpec(omega_trainable=False, omega_vector=True)
-
-
-@torch.no_grad()
-def apply(model, cfg, batch=None) -> dict:
+def apply_deepnorm(model, cfg) -> dict:
     fairseq_xavier(model, cfg)
     variant = cfg.init.deepnorm_variant
     c = constants(model.cfg.num_encoder_layers, model.cfg.num_decoder_layers, variant)

@@ -8,6 +8,7 @@ import math
 import torch
 from torch import nn
 
+from runner.init.base import InitScheme
 from runner.init.common import branch_linears, fairseq_xavier, store_effective_, t5_qk_adjust_
 
 
@@ -21,8 +22,15 @@ def bound(fan_in: int, fan_out: int, layer: int, form: str, gain: float) -> floa
     raise ValueError(f"unknown ds_init_form {form!r}")
 
 
-@torch.no_grad()
-def apply(model, cfg, batch=None) -> dict:
+class DSInit(InitScheme):
+    name = "ds_init"
+
+    @torch.no_grad()
+    def apply(self, model, cfg, batch=None) -> dict:
+        return apply_ds_init(model, cfg)
+
+
+def apply_ds_init(model, cfg) -> dict:
     # Embeddings N(0, d^-1/2), zero biases and norms 1/0 stay as in the baseline (methods 6:
     # outside the layer scopes / explicit initializers).
     fairseq_xavier(model, cfg)

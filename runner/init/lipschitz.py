@@ -8,25 +8,36 @@ import math
 import torch
 from torch import nn
 
-from runner.init.common import (branch_linears, fairseq_xavier, store_effective_, t5_qk_adjust_,
-                                unique_tables)
+from runner.init.base import InitScheme, stack_placements
+from runner.init.common import branch_linears, fairseq_xavier, store_effective_, t5_qk_adjust_, unique_tables
 
 
 def order(cfg) -> str:
     return "v2" if cfg.norm.placement == "pre" else "v1"
 
 
-def requirements(cfg) -> list[str]:
-    placement = cfg.norm.placement
-    if placement == "pre":
-        return []
-    if placement == "post" and cfg.norm.embedding_norm:
-        return []
-    if placement == "post":
-        return ["Lipschitz v1 is Post-LN with a norm on the embedding sum: use "
-                "norm.embedding_norm=true (or norm=pre for v2)"]
-    return [f"Lipschitz init is defined for the v1/v2 orders only: use norm=post "
-            f"norm.embedding_norm=true (v1) or norm=pre (v2), not norm={placement}"]
+class Lipschitz(InitScheme):
+    name = "lipschitz"
+
+    def requirements(self, cfg) -> list[str]:
+        """v1 or v2 on both stacks (per-stack placements included)."""
+        stacks = stack_placements(cfg)
+        if all(p == "pre" for p in stacks.values()):
+            return []
+        if all(p == "post" for p in stacks.values()):
+            if cfg.norm.embedding_norm:
+                return []
+            return ["Lipschitz v1 is Post-LN with a norm on the embedding sum: use "
+                    "norm.embedding_norm=true (or norm=pre for v2)"]
+        set_per_stack = [f"norm.{side}_placement={getattr(cfg.norm, f'{side}_placement')}"
+                         for side in stacks if getattr(cfg.norm, f"{side}_placement")]
+        found = " ".join(set_per_stack) or f"norm={cfg.norm.placement}"
+        return [f"Lipschitz init is defined for the v1/v2 orders on both stacks only: use "
+                f"norm=post norm.embedding_norm=true (v1) or norm=pre (v2), not {found}"]
+
+    @torch.no_grad()
+    def apply(self, model, cfg, batch=None) -> dict:
+        return apply_lipschitz(model, cfg)
 
 
 def linear_bound(fan_in: int, scale: float) -> float:
@@ -37,8 +48,7 @@ def embedding_bound(dim: int, vocab: int) -> float:
     return math.sqrt(2.0 / (dim + vocab))  # methods 5.1 step 2
 
 
-@torch.no_grad()
-def apply(model, cfg, batch=None) -> dict:
+def apply_lipschitz(model, cfg) -> dict:
     # Biases 0 and norms 1/0 (step 3) come with the baseline; every matrix is then redrawn.
     fairseq_xavier(model, cfg)
     scale = cfg.init.lipschitz_scale

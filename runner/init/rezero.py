@@ -9,10 +9,9 @@ The variants share this module's machinery:
   until it reaches 1. Any of the schemes above ramps when init.alpha_ramp_step > 0."""
 from __future__ import annotations
 
-from runner.init.common import fairseq_xavier, fill_alpha, needs_placement
+from runner.init.base import InitScheme
+from runner.init.common import fairseq_xavier, fill_alpha
 from runner.model.sublayer import ResidualSpec
-
-NO_NORM = "ReZero removes layer normalization: use norm=none"
 
 
 def ramping(cfg) -> bool:
@@ -32,21 +31,32 @@ def alpha_apply(model, cfg, rule: str) -> dict:
     return report
 
 
-def on_update(model, step: int, cfg) -> None:
-    """Seed 004's fixed-step ramp: after update `step`, alpha = min(1, step * r). A function of
-    the step alone, so a resumed run continues exactly. A no-op when alpha is trained."""
-    if not ramping(cfg) or (step - 1) * cfg.init.alpha_ramp_step >= 1.0:
-        return  # trained alpha, or alpha already reached 1 at the previous update
-    fill_alpha(model, min(1.0, step * cfg.init.alpha_ramp_step))
+class AlphaScheme(InitScheme):
+    """Weights as the default Xavier, every branch scale alpha = 0; alpha trained, or ramped
+    when init.alpha_ramp_step > 0."""
+
+    alpha_per_layer: bool = True
+    rule: str = ""
+
+    def residual(self, cfg) -> ResidualSpec:
+        return alpha_residual(cfg, per_layer=self.alpha_per_layer)
+
+    def apply(self, model, cfg, batch=None) -> dict:
+        return alpha_apply(model, cfg, self.rule)
+
+    def updates_during_training(self, cfg) -> bool:
+        return ramping(cfg)
+
+    def on_update(self, model, step: int, cfg) -> None:
+        """Seed 004's fixed-step ramp: after update `step`, alpha = min(1, step * r). A function
+        of the step alone, so a resumed run continues exactly."""
+        if not ramping(cfg) or (step - 1) * cfg.init.alpha_ramp_step >= 1.0:
+            return  # trained alpha, or alpha already reached 1 at the previous update
+        fill_alpha(model, min(1.0, step * cfg.init.alpha_ramp_step))
 
 
-def requirements(cfg) -> list[str]:
-    return needs_placement(cfg, "none", NO_NORM)
-
-
-def residual(cfg) -> ResidualSpec:
-    return alpha_residual(cfg)
-
-
-def apply(model, cfg, batch=None) -> dict:
-    return alpha_apply(model, cfg, "ReZero: no norm, alpha per layer = 0 (methods 8)")
+class ReZero(AlphaScheme):
+    name = "rezero"
+    placements = ("none",)
+    placement_hint = "ReZero removes layer normalization"
+    rule = "ReZero: no norm, alpha per layer = 0 (methods 8)"

@@ -2,17 +2,11 @@
 scalar per layer, 0 at init, trained. See runner/init/rezero.py."""
 from __future__ import annotations
 
-from runner.init.common import needs_placement
-from runner.init.rezero import alpha_apply, alpha_residual, on_update  # noqa: F401 (the hook)
+from runner.init.rezero import AlphaScheme
 
 
-def requirements(cfg) -> list[str]:
-    return needs_placement(cfg, "post", "rezero_postln is ReZero with Post-LN: use norm=post")
-
-
-def residual(cfg):
-    return alpha_residual(cfg)
-
-
-def apply(model, cfg, batch=None) -> dict:
-    return alpha_apply(model, cfg, "ReZero with Post-LN, alpha per layer = 0 (methods 4.8)")
+class ReZeroPostLN(AlphaScheme):
+    name = "rezero_postln"
+    placements = ("post",)
+    placement_hint = "rezero_postln is ReZero with Post-LN"
+    rule = "ReZero with Post-LN, alpha per layer = 0 (methods 4.8)"

@@ -3,21 +3,16 @@ by the fixed step init.alpha_ramp_step after every update until it reaches 1, th
 not trained. See runner/init/rezero.py."""
 from __future__ import annotations
 
-from runner.init.rezero import NO_NORM, alpha_apply, alpha_residual, on_update  # noqa: F401
+from runner.init.rezero import AlphaScheme
 
 
-def requirements(cfg) -> list[str]:
-    problems = []
-    if cfg.norm.placement != "none":
-        problems.append(NO_NORM)
-    if cfg.init.alpha_ramp_step <= 0:
-        problems.append("rezero_ramp needs a positive ramp step: use init.alpha_ramp_step=0.001")
-    return problems
+class ReZeroRamp(AlphaScheme):
+    name = "rezero_ramp"
+    placements = ("none",)
+    placement_hint = "ReZero removes layer normalization"
+    rule = "fixed-step alpha ramp (seed 004): no norm, alpha 0 -> 1"
 
-
-def residual(cfg):
-    return alpha_residual(cfg)
-
-
-def apply(model, cfg, batch=None) -> dict:
-    return alpha_apply(model, cfg, "fixed-step alpha ramp (seed 004): no norm, alpha 0 -> 1")
+    def requirements(self, cfg) -> list[str]:
+        if cfg.init.alpha_ramp_step <= 0:
+            return ["init=rezero_ramp needs a positive ramp step: use init.alpha_ramp_step=0.001"]
+        return []

@@ -4,17 +4,12 @@ verified against a reference implementation). `rezero` differs only in sharing o
 a layer's sublayers (rztx.py)."""
 from __future__ import annotations
 
-from runner.init.common import needs_placement
-from runner.init.rezero import alpha_apply, alpha_residual, on_update  # noqa: F401 (the hook)
+from runner.init.rezero import AlphaScheme
 
 
-def requirements(cfg) -> list[str]:
-    return needs_placement(cfg, "none", "SkipInit replaces normalization: use norm=none")
-
-
-def residual(cfg):
-    return alpha_residual(cfg, per_layer=False)
-
-
-def apply(model, cfg, batch=None) -> dict:
-    return alpha_apply(model, cfg, "SkipInit: no norm, alpha per residual branch = 0 (methods 8, unverified)")
+class SkipInit(AlphaScheme):
+    name = "skipinit"
+    placements = ("none",)
+    placement_hint = "SkipInit replaces normalization"
+    alpha_per_layer = False
+    rule = "SkipInit: no norm, alpha per residual branch = 0 (methods 8, unverified)"

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from runner.init.common import branch_linears, fairseq_xavier, is_ntk, needs_placement
+from runner.init.base import InitScheme
+from runner.init.common import branch_linears, fairseq_xavier, is_ntk
 
 
 def factors(encoder_layers: int, decoder_layers: int) -> dict[str, float]:
@@ -21,17 +22,22 @@ def factors(encoder_layers: int, decoder_layers: int) -> dict[str, float]:
     }
 
 
-def requirements(cfg) -> list[str]:
-    return needs_placement(cfg, "none", "T-Fixup removes layer normalization: use norm=none")
-
-
 # Scaled per sublayer: v/out of every attention (self and cross) and fc1/fc2; q/k stay at the
 # baseline's Xavier gain 1/sqrt(2) (methods 3.2, discrepancy 11.4).
 SCALED = ("v", "out", "fc1", "fc2")
 
 
-@torch.no_grad()
-def apply(model, cfg, batch=None) -> dict:
+class TFixup(InitScheme):
+    name = "tfixup"
+    placements = ("none",)
+    placement_hint = "T-Fixup removes layer normalization"
+
+    @torch.no_grad()
+    def apply(self, model, cfg, batch=None) -> dict:
+        return apply_tfixup(model, cfg)
+
+
+def apply_tfixup(model, cfg) -> dict:
     fairseq_xavier(model, cfg)
     f = factors(model.cfg.num_encoder_layers, model.cfg.num_decoder_layers)
     for ref in model.sublayers():

@@ -1,7 +1,20 @@
 """Multi-head attention with separate q/k/v/out projections so init schemes can address each
-by name. Attention itself: torch's scaled_dot_product_attention (flash/efficient kernels) on
-CUDA and for long keys; plain matmuls on CPU where they are faster (short keys in training,
-every decoding step)."""
+by name.
+
+`MultiheadAttention.forward` is the maths: project q, k and v, split them into heads, attend,
+merge the heads, project the output. How the attention itself is computed (torch's sdpa or plain
+matmuls, by device and shape) is runner.model.kernels' choice, made on each call from the
+tensors' device, since the model is built on CPU and moved afterwards (see that module). Two
+variants of the same computation have their own methods: `_packed_forward` (training on the real
+tokens only, runner.model.packing) and `_decoding_step` (incremental decoding with a key/value
+cache).
+
+What is fixed at construction is whether projections of one input run as one matmul of their
+concatenated weights (faster than three; the weights stay separate parameters so schemes can set
+them one by one). That is only the same computation when the projections are plain affine maps,
+so it follows from the parameterization (runner.model.linear.plain_affine), never from the type
+of a projection.
+"""
 from __future__ import annotations
 
 import math
@@ -11,15 +24,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runner.model.dropout import dropout as cpu_dropout
-from runner.model.linear import make_linear
-from runner.model.packing import Packing
+from runner.model import kernels
 
-# Up to this many key positions, CPU training attention runs as matmul-softmax-matmul: at
-# head dim 32 it is 1.6-2.2x faster than sdpa's CPU flash kernel (forward + backward) at 26-50
-# positions, 1.1-1.3x at 100, slower at 200 (docs/performance.md, session 5). Beyond it sdpa
-# also saves memory: the probabilities this path keeps for backward grow as T^2.
-CPU_MATMUL_ATTENTION_MAX_KEYS = 128
+# Re-exported so a test can lower the threshold for this module (tests/test_model.py); passed to
+# kernels.select_attention on each call.
+from runner.model.kernels import CPU_MATMUL_ATTENTION_MAX_KEYS
+from runner.model.linear import make_linear, plain_affine
+from runner.model.packing import Packing
 
 
 class MultiheadAttention(nn.Module):
@@ -34,19 +45,124 @@ class MultiheadAttention(nn.Module):
         self.v_proj = make_linear(dim, dim, parameterization)
         self.out_proj = make_linear(dim, dim, parameterization)
         # t5: no 1/sqrt(head_dim) in the logits; the init divides the q/k variance instead
-        # (seed 004, "attention scale"). sdpa takes the scale explicitly.
+        # (seed 004, "attention scale"). The kernels take the scale explicitly.
         self.scale = 1.0 if logit_scale == "t5" else 1.0 / math.sqrt(self.head_dim)
-        # One matmul for q, k and v of self-attention is faster than three; the weights stay
-        # separate parameters so schemes can set them one by one.
-        self.fuse_qkv = self_attention and type(self.q_proj) is nn.Linear
+        # One F.linear of concatenated weights equals separate projections only for plain affine
+        # maps x W^T + b (standard parameterization; NTK scales its weights in forward).
+        affine = plain_affine(parameterization)
+        self.fuse_qkv = self_attention and affine  # q, k and v of x in one matmul
+        self.fuse_kv = affine  # k and v of memory in one matmul (packed cross-attention)
 
-    def _qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
-                torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
+    def forward(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None,
+                attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                cache: Optional[dict] = None, packing: Optional[Packing] = None,
+                memory_packing: Optional[Packing] = None) -> torch.Tensor:
+        """x: (B, Tq, D). memory: (B, Tk, D) for cross-attention, None for self-attention.
+        attn_mask: bool (B, 1, 1 or Tq, Tk), True = attend. is_causal: query i attends keys
+        0..i. cache: incremental decoding state (see `_decoding_step`). packing: x (and memory,
+        with memory_packing) hold only the real tokens, (N, D) (see `_packed_forward`)."""
+        if packing is not None:
+            return self._packed_forward(x, memory, attn_mask, is_causal, packing, memory_packing)
+        if cache is not None:
+            return self._decoding_step(x, memory, attn_mask, cache)
+        q, k, v = self._project(x, memory)  # (B, T, D)
+        q, k, v = self._split(q), self._split(k), self._split(v)  # (B, H, T, Dh)
+        out = self._attention(q, k, v, attn_mask, is_causal)  # (B, H, Tq, Dh)
+        return self.out_proj(self._merge(out))
+
+    def _project(self, x: torch.Tensor,
+                 memory: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q of x; k and v of memory (cross-attention) or of x (self-attention)."""
+        if self.fuse_qkv and memory is None:
+            qkv = F.linear(x, *self._concatenated(self.q_proj, self.k_proj, self.v_proj))
+            return qkv.chunk(3, dim=-1)
+        source = x if memory is None else memory
+        return self.q_proj(x), self.k_proj(source), self.v_proj(source)
+
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        """softmax(q k^T * scale + mask) v over whole sequences (training, validation), with
+        attention dropout in training."""
+        dropout_p = self.dropout if self.training else 0.0
+        kernel = kernels.select_attention(q.device.type, q.shape[-2], k.shape[-2], decoding=False,
+                                          max_matmul_keys=CPU_MATMUL_ATTENTION_MAX_KEYS)
+        return kernel(q, k, v, attn_mask, self.scale, is_causal, dropout_p)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape  # (B, T, D) -> (B, H, T, Dh)
         return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+    @staticmethod
+    def _merge(x: torch.Tensor) -> torch.Tensor:
+        b, h, t, dh = x.shape  # (B, H, T, Dh) -> (B, T, D)
+        return x.transpose(1, 2).reshape(b, t, h * dh)
+
+    @staticmethod
+    def _concatenated(*projections: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weight and bias of the projections stacked, for one F.linear (plain affine maps)."""
+        return (torch.cat([p.weight for p in projections]),
+                torch.cat([p.bias for p in projections]))
+
+    # Training on the real tokens only.
+
+    def _packed_forward(self, x: torch.Tensor, memory: Optional[torch.Tensor],
+                        attn_mask: Optional[torch.Tensor], is_causal: bool, packing: Packing,
+                        memory_packing: Optional[Packing]) -> torch.Tensor:
+        """forward for unpadded rows: the projections run on the real tokens only and are
+        unpacked to the padded layout (zeros at the pads, which the masks ignore) for attention;
+        the heads are packed back before the output projection."""
+        if memory is None and self.fuse_qkv:
+            qkv = F.linear(x, *self._concatenated(self.q_proj, self.k_proj, self.v_proj))
+            q, k, v = packing.unpack(qkv).chunk(3, dim=-1)
+        elif memory is not None and self.fuse_kv:
+            weight, bias = self._concatenated(self.k_proj, self.v_proj)
+            q = packing.unpack(self.q_proj(x))
+            k, v = memory_packing.unpack(F.linear(memory, weight, bias)).chunk(2, dim=-1)
+        else:
+            source, layout = (x, packing) if memory is None else (memory, memory_packing)
+            q = packing.unpack(self.q_proj(x))
+            k = layout.unpack(self.k_proj(source))
+            v = layout.unpack(self.v_proj(source))
+        q, k, v = self._split(q), self._split(k), self._split(v)
+        out = self._attention(q, k, v, attn_mask, is_causal)
+        return self.out_proj(packing.pack_heads(out))
+
+    # Incremental decoding.
+
+    def _decoding_step(self, x: torch.Tensor, memory: Optional[torch.Tensor],
+                       attn_mask: Optional[torch.Tensor], cache: dict) -> torch.Tensor:
+        """One decoding step: x holds the new positions only. Self-attention (memory None)
+        appends their keys/values to the cache and attends over all of them; cross-attention
+        projects the encoder keys/values once per sentence into the cache. With cache["group"]
+        = g > 1 (cross-attention in beam search), x has g consecutive rows (the beams) per row
+        of memory's keys/values and of attn_mask; the beams become the query positions of their
+        sentence, so the encoder keys/values are read once per sentence instead of once per
+        beam. Never causal, no dropout: callers feed one new position per step, and the cache
+        holds only earlier ones (several new positions in one call would see each other)."""
+        if memory is None:
+            if self.fuse_qkv:  # weights are fixed while decoding: concatenate once per call
+                if "qkv" not in cache:  # a tuple, so cache reorders (tensors only) skip it
+                    cache["qkv"] = self._concatenated(self.q_proj, self.k_proj, self.v_proj)
+                q, k, v = (self._split(t) for t in F.linear(x, *cache["qkv"]).chunk(3, dim=-1))
+            else:
+                q = self._split(self.q_proj(x))
+                k, v = self.project_kv(x)
+            k, v = self._append(cache, k, v)
+            group = 1
+        else:
+            q = self._split(self.q_proj(x))
+            if "k" not in cache:
+                cache["k"], cache["v"] = self.project_kv(memory, contiguous=True)
+            k, v = cache["k"], cache["v"]
+            group = cache.get("group", 1)
+        rows, h, _, dh = q.shape
+        if group > 1:  # (sentences * group, H, 1, Dh) -> (sentences, H, group, Dh)
+            q = q.view(rows // group, group, h, dh).transpose(1, 2)
+        kernel = kernels.select_attention(q.device.type, q.shape[-2], k.shape[-2], decoding=True)
+        out = self._merge(kernel(q, k, v, attn_mask, self.scale))
+        if group > 1:  # (sentences, group, D) -> (sentences * group, 1, D)
+            out = out.reshape(rows, 1, h * dh)
+        return self.out_proj(out)
 
     def project_kv(self, memory: torch.Tensor, contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """contiguous=True for keys/values cached over decoding steps: the (B, H, S, Dh) view of
@@ -85,112 +201,3 @@ class MultiheadAttention(nn.Module):
                 grown = buf.new_empty(buf.shape[0] * times, *buf.shape[1:])
                 grown[:, :, :n] = buf[:, :, :n].repeat_interleave(times, 0)
                 cache[key] = grown
-
-    def forward(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None,
-                attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-                cache: Optional[dict] = None, packing: Optional[Packing] = None,
-                memory_packing: Optional[Packing] = None) -> torch.Tensor:
-        """x: (B, Tq, D). memory: (B, Tk, D) for cross-attention, None for self-attention.
-        attn_mask: bool (B, 1, 1 or Tq, Tk), True = attend. cache: incremental decoding state
-        (self-attention appends this step's k/v; cross-attention computes k/v once; with
-        cache["group"] = g > 1, x has g rows per row of memory's k/v and of attn_mask).
-        packing: x (and memory, with memory_packing) hold only the real tokens, (N, D)."""
-        if packing is not None:
-            return self._packed(x, memory, attn_mask, is_causal, packing, memory_packing)
-        if self.fuse_qkv and memory is None:
-            if cache is None:
-                weight, bias = self._qkv_weight()
-            else:  # weights are fixed while decoding: concatenate once per decoding call
-                if "qkv" not in cache:  # a tuple, so cache reorders (tensors only) skip it
-                    cache["qkv"] = self._qkv_weight()
-                weight, bias = cache["qkv"]
-            q, k, v = (self._split(t) for t in F.linear(x, weight, bias).chunk(3, dim=-1))
-            if cache is not None:
-                k, v = self._append(cache, k, v)
-        else:
-            q = self._split(self.q_proj(x))
-            if cache is None:
-                k, v = self.project_kv(x if memory is None else memory)
-            elif memory is None:  # incremental self-attention: append this step
-                k, v = self._append(cache, *self.project_kv(x))
-            else:  # cross-attention: encoder keys/values once per sentence
-                if "k" not in cache:
-                    cache["k"], cache["v"] = self.project_kv(memory, contiguous=True)
-                k, v = cache["k"], cache["v"]
-                group = cache.get("group", 1)
-                if group > 1:
-                    return self._grouped_cross(q, k, v, attn_mask, group)
-        if cache is not None:  # incremental decoding: never causal, no dropout
-            out = self._decoding_attention(q, k, v, attn_mask)
-        else:
-            out = self._attention(q, k, v, attn_mask, is_causal)
-        b, h, t, dh = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, h * dh))
-
-    def _packed(self, x: torch.Tensor, memory: Optional[torch.Tensor],
-                attn_mask: Optional[torch.Tensor], is_causal: bool, packing: Packing,
-                memory_packing: Optional[Packing]) -> torch.Tensor:
-        """Projections on the real tokens only; attention itself on the padded layout."""
-        if memory is None and self.fuse_qkv:
-            qkv = packing.unpack(F.linear(x, *self._qkv_weight()))
-            q, k, v = (self._split(t) for t in qkv.chunk(3, dim=-1))
-        elif memory is not None and type(self.k_proj) is nn.Linear:  # one k/v matmul and unpack
-            weight = torch.cat([self.k_proj.weight, self.v_proj.weight])
-            bias = torch.cat([self.k_proj.bias, self.v_proj.bias])
-            q = self._split(packing.unpack(self.q_proj(x)))
-            kv = memory_packing.unpack(F.linear(memory, weight, bias))
-            k, v = (self._split(t) for t in kv.chunk(2, dim=-1))
-        else:
-            source, layout = (x, packing) if memory is None else (memory, memory_packing)
-            q = self._split(packing.unpack(self.q_proj(x)))
-            k = self._split(layout.unpack(self.k_proj(source)))
-            v = self._split(layout.unpack(self.v_proj(source)))
-        return self.out_proj(packing.pack_heads(self._attention(q, k, v, attn_mask, is_causal)))
-
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
-        """Full-sequence attention (training, validation): sdpa, or on CPU for short keys the
-        same attention as plain matmuls with an additive mask (faster there, see above)."""
-        dropout_p = self.dropout if self.training else 0.0
-        if q.device.type != "cpu" or k.shape[-2] > CPU_MATMUL_ATTENTION_MAX_KEYS:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                                  is_causal=is_causal, scale=self.scale)
-        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.scale)
-        if is_causal:  # sdpa's is_causal: query i attends keys 0..i (top-left aligned)
-            scores.add_(_blocked(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)
-                                 .triu_(1), scores.dtype))
-        if attn_mask is not None:
-            scores.add_(_blocked(~attn_mask, scores.dtype))
-        return torch.matmul(cpu_dropout(scores.softmax(-1), dropout_p, self.training), v)
-
-    def _decoding_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """Incremental decoding: 1 to beam query rows per sentence against the cached keys.
-        On CPU plain matmul-softmax-matmul is about twice as fast as sdpa's kernels at these
-        shapes (docs/performance.md); CUDA keeps sdpa."""
-        if q.device.type != "cpu":
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
-        if q.shape[-2] == 1:  # one query: K q reads the cached keys row by row (faster on CPU)
-            scores = torch.matmul(k, q.transpose(-1, -2) * self.scale).transpose(-1, -2)
-        else:
-            scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        return torch.matmul(scores.softmax(-1), v)
-
-    def _grouped_cross(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       attn_mask: Optional[torch.Tensor], group: int) -> torch.Tensor:
-        """Beam search: q holds `group` consecutive rows (the beams) per sentence, one position
-        each, and k/v/attn_mask one row per sentence. The beams become the query positions of
-        their sentence, so the encoder keys/values are read once per sentence instead of once
-        per beam (fairseq repeats them per beam). Same attention, computed per sentence."""
-        rows, h, _, dh = q.shape  # (sentences * group, H, 1, Dh)
-        q = q.view(rows // group, group, h, dh).transpose(1, 2)  # (sentences, H, group, Dh)
-        out = self._decoding_attention(q, k, v, attn_mask)
-        return self.out_proj(out.transpose(1, 2).reshape(rows, 1, h * dh))
-
-
-def _blocked(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive attention mask: -inf where `blocked` is True, 0 elsewhere."""
-    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(
-        blocked, float("-inf"))

@@ -19,6 +19,13 @@ class NTKLinear(nn.Linear):
         return nn.functional.linear(x, self.weight * self.output_scale, self.bias)
 
 
+def plain_affine(parameterization: str) -> bool:
+    """True when make_linear builds plain affine maps x W^T + b (nn.Linear), so that projections
+    of one input can run as one F.linear of their concatenated weights and biases. False for
+    NTK, whose forward multiplies the weight by output_scale first."""
+    return parameterization != "ntk"
+
+
 def make_linear(in_features: int, out_features: int, parameterization: str, bias: bool = True) -> nn.Linear:
-    cls = NTKLinear if parameterization == "ntk" else nn.Linear
+    cls = nn.Linear if plain_affine(parameterization) else NTKLinear
     return cls(in_features, out_features, bias=bias)

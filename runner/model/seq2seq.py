@@ -216,8 +216,8 @@ class Seq2Seq(nn.Module):
         return F.linear(self.decoder.final_norm(y), self.output_projection_weight)
 
 
-def build_model(cfg, src_vocab: int, tgt_vocab: int, pad_index: int) -> Seq2Seq:
-    """Build from the full config: the init scheme decides which residual scales train."""
-    from runner.init import residual_spec
-
-    return Seq2Seq(cfg.model, cfg.norm, src_vocab, tgt_vocab, pad_index, residual_spec(cfg))
+def build_model(cfg, src_vocab: int, tgt_vocab: int, pad_index: int,
+                residual: ResidualSpec = ResidualSpec()) -> Seq2Seq:
+    """Build from the full config. `residual` says which residual scales train: the init
+    scheme declares it, and the run assembly passes it in (the model never imports init)."""
+    return Seq2Seq(cfg.model, cfg.norm, src_vocab, tgt_vocab, pad_index, residual)

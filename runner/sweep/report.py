@@ -13,7 +13,6 @@ papers do.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import itertools
 import json
@@ -23,7 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from rich.console import Console
+from rich.table import Table
 
 # stalled: finished without diverging but never better than the target unigram (result.json
 # "stalled", docs/training.md); a failure to train, shown like a divergence.
@@ -176,7 +179,6 @@ def expected_cells(multirun_yaml: Path) -> list[list[str]]:
     hydra_node = data.get("hydra") or {}
     params = ((hydra_node.get("sweeper") or {}).get("params")) or {}
     task = list(((hydra_node.get("overrides") or {}).get("task")) or [])
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     lines = [f"{k}={v}" for k, v in params.items()] + task
     parsed = OverridesParser.create().parse_overrides(lines)
@@ -378,7 +380,8 @@ def _counts_line(sweep: Sweep) -> str:
             f"{n['stalled']} stalled, {n['failed']} failed), {n['running']} running, {n['pending']} pending")
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub-flavoured Markdown table; '|' inside a cell is escaped."""
     esc = [[str(x).replace("|", "\\|") for x in r] for r in rows]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in esc]
@@ -414,18 +417,15 @@ def render_markdown(sweep: Sweep, metric: str, images: Sequence[Path]) -> str:
     parts = [f"# {title}", "", f"`{sweep.root}`", "", _counts_line(sweep), "",
              f"Scientific axes: {', '.join(sweep.scientific) or '-'}; "
              f"nuisance axes: {', '.join(sweep.nuisance) or '-'}.", "",
-             "## Cells", "", _md_table(*_cells_table(sweep)), "",
+             "## Cells", "", markdown_table(*_cells_table(sweep)), "",
              f"## Isolation table (best {metric} over the nuisance axes)", "",
-             _md_table(*_isolation_table(sweep, metric)), ""]
+             markdown_table(*_isolation_table(sweep, metric)), ""]
     if images:
         parts += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
     return "\n".join(parts)
 
 
 def print_rich(sweep: Sweep, metric: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     style = {"ok": "green", "diverged": "red", "stalled": "magenta", "failed": "bold red", "running": "yellow",
              "pending": "dim"}
     console = Console()
@@ -472,11 +472,10 @@ def plot_heatmaps(sweep: Sweep, metric: str, out_dir: Path) -> list[Path]:
     spec = heatmap_axes(sweep)
     if spec is None:
         return []
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (slow to import; only plots need it)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (slow to import; only plots need it)
 
     xa, ya, facets = spec
     xs = sorted({axis_value(c, xa) for c in sweep.cells}, key=_num_or_str)
@@ -527,10 +526,10 @@ def plot_curves(sweep: Sweep, out_dir: Path) -> list[Path]:
     """Validation loss against updates, one figure per scientific setting, one line per cell."""
     if not any(c.valid_curve for c in sweep.cells):
         return []
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (slow to import; only plots need it)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (slow to import; only plots need it)
 
     groups: dict[tuple, list[Cell]] = {}
     for c in sweep.cells:
@@ -580,35 +579,3 @@ def write_report(sweep: Sweep, metric: str = "best_valid_loss", out_dir: Optiona
 def default_metric(sweep: Sweep) -> str:
     ok = [c for c in sweep.cells if c.status == "ok"]
     return "bleu" if ok and all(c.value("bleu") is not None for c in ok) else "best_valid_loss"
-
-
-def _axes_arg(s: Optional[str]) -> Optional[list[str]]:
-    return None if s is None else [a for a in s.split(",") if a]
-
-
-def main_report(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="deepinit report",
-                                description="Tables and plots of a sweep, from its run folders.")
-    p.add_argument("sweep_dir", type=Path)
-    p.add_argument("--metric", default="auto", choices=["auto", *sorted(METRICS)],
-                   help="what the isolation table and heatmap rank by; auto: BLEU when every "
-                        "finished ok cell has one (the papers' metric), else best_valid_loss")
-    p.add_argument("--scientific", help="comma list of axes to compare (default: the preset's)")
-    p.add_argument("--nuisance", help="comma list of axes to optimize over (default: the preset's)")
-    p.add_argument("--out", type=Path, help="where report.md/csv and plots go (default: SWEEP_DIR)")
-    p.add_argument("--no-plots", action="store_true")
-    args = p.parse_args(list(argv))
-    try:
-        sweep = load_sweep(args.sweep_dir, _axes_arg(args.scientific), _axes_arg(args.nuisance))
-    except FileNotFoundError as e:
-        print(f"deepinit report: {e}")
-        return 2
-    if not sweep.cells:
-        print(f"deepinit report: no run folders or multirun.yaml under {args.sweep_dir}")
-        return 2
-    metric = default_metric(sweep) if args.metric == "auto" else args.metric
-    print_rich(sweep, metric)
-    out = write_report(sweep, metric, args.out, plots=not args.no_plots)
-    print(f"wrote {out['markdown']}, {out['csv']}" +
-          "".join(f", {p}" for p in out["images"]))
-    return 0

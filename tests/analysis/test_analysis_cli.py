@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-
 from conftest import TINY, run_cli
-from runner.analysis import main_analyze
+
+from runner.cli.analyze import main as main_analyze
 
 
 @pytest.fixture(autouse=True)

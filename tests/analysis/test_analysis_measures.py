@@ -9,6 +9,7 @@ import torch
 
 from runner.analysis import common, dependency, early_training, grad_norms, output_change
 from runner.analysis.hooks import EncoderEmbeddingGrad, SublayerRecorder
+from tests.conftest import compose
 
 SMALL = ["model=ci", "model.dim=32", "model.ffn_dim=64"]
 
@@ -22,11 +23,11 @@ def one_thread():
 
 
 def settings(*configs):
-    return common.settings_from(list(configs), SMALL, [])
+    return common.settings_from(list(configs), SMALL, [], compose)
 
 
 def test_hooks_do_not_change_the_computation():
-    cfg = common.compose(SMALL + ["norm=post", "model.dropout=0.0"])
+    cfg = compose(SMALL + ["norm=post", "model.dropout=0.0"])
     batch = common.input_batch(cfg, 8)
     model = common.fresh_model(cfg, 1)
     model.eval()
@@ -62,7 +63,7 @@ def test_output_change_post_ln_exceeds_pre_ln_and_admin_and_grows_faster():
 
 
 def test_random_perturbation_is_relative_to_each_weight_std():
-    cfg = common.compose(SMALL + ["norm=post"])
+    cfg = compose(SMALL + ["norm=post"])
     model = common.fresh_model(cfg, 1)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     count = output_change.perturb_branches(model, 0.01, torch.Generator().manual_seed(0))
@@ -94,7 +95,7 @@ def test_gradient_drop_only_in_post_ln_decoder():
 
 
 def test_dependency_is_exact_and_matches_the_pre_ln_closed_form():
-    cfg = common.compose(SMALL + ["norm=pre", "model.layers=3"])
+    cfg = compose(SMALL + ["norm=pre", "model.layers=3"])
     batch = common.input_batch(cfg, 8)
     model = common.fresh_model(cfg, 1)
     result = dependency.measure(model, batch)
@@ -126,7 +127,7 @@ def test_dependency_post_ln_relies_more_on_its_own_branch():
 
 
 def test_encoder_embedding_gradient_equals_the_untied_table_gradient():
-    cfg = common.compose(SMALL + ["model.share_embeddings=none"])
+    cfg = compose(SMALL + ["model.share_embeddings=none"])
     batch = common.input_batch(cfg, 8)
     model = common.fresh_model(cfg, 1)
     with EncoderEmbeddingGrad(model) as emb:
@@ -159,21 +160,20 @@ def test_early_training_first_updates():
 @pytest.mark.parametrize("scheme", [["norm=post", "init=admin"], ["norm=none", "init=tfixup"]])
 def test_fresh_model_is_the_model_training_starts_from(tmp_path, scheme):
     from conftest import TINY
-    from runner.train import Trainer
 
-    cfg = common.compose(TINY + scheme + ["trainer.seed=3"])
-    trainer = Trainer(cfg, tmp_path)
-    trainer.initialize()
+    from runner.run.build import build_run
+
+    cfg = compose(TINY + scheme + ["trainer.seed=3"])
+    theirs = build_run(cfg).model.state_dict()  # what `deepinit train` trains
     ours = common.fresh_model(cfg).state_dict()
-    theirs = trainer.model.state_dict()
     assert ours.keys() == theirs.keys()
     for key in ours:
         assert torch.equal(ours[key], theirs[key]), key
 
 
 def test_run_config_with_a_new_depth(tmp_path):
-    cfg = common.compose(SMALL + ["norm=pre"])
-    setting = common.Setting("run", [], cfg, run_dir=tmp_path)
+    cfg = compose(SMALL + ["norm=pre"])
+    setting = common.Setting("run", [], common._from_run(tmp_path, cfg), run_dir=tmp_path)
     deeper = common.for_depth(setting, ["model.layers=5"])
     assert deeper.model.num_encoder_layers == 5 and deeper.norm.placement == "pre"
     assert cfg.model.layers == 2  # the run's own config is untouched

@@ -6,7 +6,7 @@ import torch
 from runner.config import Config
 from runner.data.batching import Batch
 from runner.init import apply as init_apply
-from runner.model.seq2seq import build_model
+from runner.run.build import model_for as build_model
 
 PAD, EOS, VOCAB = 1, 2, 40
 

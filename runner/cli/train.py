@@ -1,13 +1,7 @@
-"""The `deepinit` command: a thin dispatcher, no ML logic.
+"""`deepinit train [overrides]` and `deepinit -m [overrides]`: the Hydra app.
 
-    deepinit train [overrides]      one run (Hydra); `deepinit [overrides]` is the same
-    deepinit -m [overrides]         a sweep (Hydra multirun; launchers in conf/hydra/launcher)
-    deepinit eval RUN_DIR ...       decode and score a finished run
-    deepinit report SWEEP_DIR       tables and plots of a sweep
-    deepinit analyze WHAT ...       the papers' diagnostic figures
-    deepinit data prepare NAME ...  prepare a corpus
-    deepinit bench ...              throughput benchmark
-    deepinit reproduce TARGET ...   a paper's table (what `make reproduce-TARGET` runs)
+Composes conf/ into the typed Config and calls runner.run.train.train in Hydra's output folder,
+which is named by the overrides (never by a timestamp), so a second call resumes or skips.
 """
 from __future__ import annotations
 
@@ -15,14 +9,22 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import sys
 import traceback
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+import submitit
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
-from runner.config import ConfigError, register_schemas
+from runner.cli.compose import register_schemas
+from runner.config import ConfigError
+from runner.config.paths import config_dir
+from runner.data.corpus import CorpusError
+from runner.run.folder import write_result
+from runner.run.train import train
 
 # Hydra flags that take a value (the rest of its flags take none).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
@@ -32,15 +34,6 @@ _NAME_EXCLUDED = ("hydra.", "hydra/", "trainer.progress=", "trainer.device=", "t
                   "trainer.resume=", "trainer.tensorboard=")
 
 _task_started = False
-
-
-def config_dir() -> str:
-    """conf/ inside an installed wheel (runner/conf), else the checkout's top-level conf/."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "train.yaml").is_file():
-            return str(candidate)
-    raise SystemExit("deepinit: cannot find its conf/ folder (broken install?)")
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -83,29 +76,21 @@ def run_task(cfg: DictConfig) -> None:
     """The Hydra task: one training run in Hydra's output dir (pickled by submitit launchers)."""
     global _task_started
     _task_started = True
-    from hydra.core.hydra_config import HydraConfig
-
-    from runner.train import train, write_json
-
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "WORLD_SIZE" not in os.environ:
         # A multi-task SLURM cell (tasks_per_node=trainer.devices): each task is one DDP rank.
-        import submitit
-
         submitit.helpers.TorchDistributedEnvironment().export()
     multirun = hc.mode.name == "MULTIRUN"
-    from runner.data.corpus import CorpusError
-
     try:
-        train(cfg, run_dir)
+        train(OmegaConf.to_object(cfg), run_dir)
     except (ConfigError, CorpusError) as err:
         logging.getLogger("deepinit.file").error("config error: %s", err)
         if multirun:
             # A sweep cell whose values are rejected: recorded as failed with the reason (not
             # left looking pending in reports; failed cells run again next call), and the
             # sweep goes on.
-            write_json(run_dir / "result.json", {"status": "failed", "reason": f"config: {err}"})
+            write_result(run_dir, {"status": "failed", "reason": f"config: {err}"})
             sys.stderr.write(f"deepinit: error in {run_dir.name}: {err}\n")
             return
         # A user error: one line, exit 2, and nothing left in the run folder but train.log.
@@ -116,7 +101,7 @@ def run_task(cfg: DictConfig) -> None:
         raise
     except Exception as exc:  # a crash: recorded as failed, the sweep goes on
         logging.getLogger("deepinit.file").error("run failed:\n%s", traceback.format_exc())
-        write_json(run_dir / "result.json", {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"})
+        write_result(run_dir, {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"})
         if not multirun:
             sys.stderr.write(f"deepinit: run failed: {type(exc).__name__}: {exc} (traceback in {run_dir / 'train.log'})\n")
             raise SystemExit(1)
@@ -125,51 +110,19 @@ def run_task(cfg: DictConfig) -> None:
 
 
 def _remove_hydra_files(run_dir: Path) -> None:
-    import shutil
-
     shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
 
 
-def _run_hydra(args: list[str]) -> None:
+def main(args: list[str]) -> int:
     register_schemas()
     sys.argv = [sys.argv[0], *with_output_dirs(args)]
     try:
         # config_path is resolved at call time so editable installs and wheels both work.
-        hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")(run_task)()
+        hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")(run_task)()
     except SystemExit as exit_:
         # Hydra reports composition errors (unknown key, wrong type) and exits 1 before any
         # task starts: those are user errors, exit code 2.
         if exit_.code == 1 and not _task_started:
             raise SystemExit(2)
         raise
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    verb = args[0] if args else ""
-    if verb == "train":
-        args = args[1:]
-    elif verb in VERBS:
-        raise SystemExit(VERBS[verb](args[1:]))
-    _run_hydra(args)
-
-
-def _lazy(module: str, function: str):
-    def run(argv: list[str]) -> int:
-        import importlib
-
-        return importlib.import_module(module).__getattribute__(function)(argv)
-    return run
-
-
-VERBS = {
-    "eval": _lazy("runner.evaluate", "main_eval"),
-    "report": _lazy("runner.sweep.report", "main_report"),
-    "analyze": _lazy("runner.analysis", "main_analyze"),
-    "data": _lazy("runner.data.prepare", "main_data"),
-    "bench": _lazy("runner.bench", "main_bench"),
-    "reproduce": _lazy("runner.reproduce", "main"),
-}
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,20 +1,12 @@
-"""Typed schemas for every config group, and the cross-field rules checked before any data loads.
+"""Typed schemas for every config group.
 
-Hydra merges the YAML in conf/ into these dataclasses, so an unknown key or a wrong type fails at
-composition with Hydra's own message. `validate(cfg)` then checks the rules no type can express
-(negative depth, warmup longer than training, an init scheme's required norm placement, ...) and
-raises ConfigError with one line that names the key and what is expected.
+The CLI merges the YAML in conf/ into these dataclasses, so an unknown key or a wrong type fails
+at composition. Rules no type can express are in runner/config/validate.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
-
-from omegaconf import MISSING
-
-
-class ConfigError(ValueError):
-    """A user error in the configuration: reported as one line, exit code 2, no traceback."""
 
 
 @dataclass
@@ -238,139 +230,3 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     # Free-form record of the sweep preset that produced this run (set by sweeps/*.yaml).
     sweep: Any = None
-
-
-def register_schemas() -> None:
-    """Register the schemas with Hydra's ConfigStore (called once by the CLI and the tests)."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    store.store(name="config_schema", node=Config)
-
-
-CHOICES = {
-    "model.activation": ("relu", "gelu"),
-    "model.share_embeddings": ("none", "decoder_io", "all"),
-    "model.parameterization": ("standard", "ntk"),
-    "model.attention": ("standard", "t5"),
-    "model.qkv_bias_init": ("zero", "torch_default"),
-    "norm.placement": ("post", "pre", "none", "sandwich"),
-    "norm.kind": ("layernorm", "rmsnorm"),
-    "optim.name": ("adam", "radam", "sgd"),
-    "optim.radam_mode": ("admin", "sgd_fallback", "torch"),
-    "schedule.name": ("inverse_sqrt", "linear", "constant"),
-    "data.name": ("toy", "multi30k", "iwslt14", "custom"),
-    "data.bpe": ("none", "tokenizers", "codes"),
-    "data.empty_lines": ("skip", "error"),
-    "trainer.device": ("auto", "cpu", "cuda"),
-    "trainer.precision": ("auto", "fp32", "bf16", "fp16"),
-    "trainer.best_checkpoint_metric": ("none", "loss", "bleu"),
-    "init.omega": ("vector", "scalar", "constant"),
-    "init.output_change_scale": ("O(logn)", "O(1)", "O(n)"),
-    "init.ds_init_form": ("paper", "code"),
-    "init.deepnorm_variant": ("paper", "torchscale"),
-}
-
-
-def _get(cfg: Any, dotted: str) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        node = getattr(node, part) if not isinstance(node, dict) else node[part]
-    return node
-
-
-def validate(cfg: Any) -> None:
-    """Cross-field rules. Raises ConfigError naming the offending key and what is expected."""
-    for key, allowed in CHOICES.items():
-        value = _get(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r}: expected one of {', '.join(allowed)}")
-
-    model, trainer, optim = cfg.model, cfg.trainer, cfg.optim
-    positive = {
-        "model.dim": model.dim,
-        "model.ffn_dim": model.ffn_dim,
-        "model.heads": model.heads,
-        "data.max_tokens": cfg.data.max_tokens,
-        "trainer.max_updates": trainer.max_updates,
-        "trainer.update_freq": trainer.update_freq,
-        "trainer.log_interval": trainer.log_interval,
-        "trainer.devices": trainer.devices,
-        "trainer.divergence.patience": trainer.divergence.patience,
-        "trainer.divergence.check_interval": trainer.divergence.check_interval,
-        "trainer.eval_beam": trainer.eval_beam,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{key}={value}: expected a positive integer")
-    for key, explicit, value in (
-        ("model.encoder_layers", model.encoder_layers, model.num_encoder_layers),
-        ("model.decoder_layers", model.decoder_layers, model.num_decoder_layers),
-    ):
-        if value < 1:
-            raise ConfigError(f"{key if explicit is not None else 'model.layers'}={value}: "
-                              "expected at least 1 layer")
-    if model.dim % model.heads:
-        raise ConfigError(f"model.dim={model.dim} must be divisible by model.heads={model.heads}")
-    for key in ("model.dropout", "model.attention_dropout", "model.activation_dropout",
-                "trainer.label_smoothing"):
-        value = _get(cfg, key)
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"{key}={value}: expected a value in [0, 1)")
-    if optim.lr <= 0:
-        raise ConfigError(f"optim.lr={optim.lr}: expected a positive learning rate")
-    for key in ("optim.beta1", "optim.beta2"):
-        value = _get(cfg, key)
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"{key}={value}: expected a value in [0, 1)")
-    for key in ("optim.eps", "optim.weight_decay", "optim.clip_norm", "optim.momentum",
-                "warmup.init_lr", "trainer.max_epochs", "trainer.valid_interval",
-                "trainer.save_interval", "trainer.keep_checkpoints", "trainer.threads",
-                "warmup.updates", "trainer.valid_max_batches", "trainer.eval_max_len_b",
-                "trainer.eval_average_last", "trainer.eval_max_len_a", "trainer.eval_lenpen"):
-        if _get(cfg, key) < 0:
-            raise ConfigError(f"{key}={_get(cfg, key)}: expected a value >= 0")
-    if trainer.save_interval % trainer.log_interval:
-        raise ConfigError(
-            f"trainer.save_interval={trainer.save_interval} must be a multiple of "
-            f"trainer.log_interval={trainer.log_interval} (checkpoints close a log window, so a "
-            "resumed run logs exactly what an uninterrupted one does)")
-    if cfg.schedule.min_lr < 0:
-        raise ConfigError(
-            f"schedule.min_lr={cfg.schedule.min_lr}: expected >= 0 (a negative min_lr makes the "
-            "linear schedule's lr negative, methods 4.5)")
-    if cfg.schedule.min_lr > optim.lr:
-        raise ConfigError(f"schedule.min_lr={cfg.schedule.min_lr}: expected <= optim.lr={optim.lr}")
-    if cfg.schedule.decay_period <= 0:
-        raise ConfigError(f"schedule.decay_period={cfg.schedule.decay_period}: expected > 0")
-    if cfg.warmup.updates > trainer.max_updates:
-        raise ConfigError(
-            f"warmup.updates={cfg.warmup.updates} is longer than trainer.max_updates="
-            f"{trainer.max_updates}: shorten the warmup or train longer")
-    if cfg.warmup.init_lr > optim.lr:
-        raise ConfigError(f"warmup.init_lr={cfg.warmup.init_lr}: expected <= optim.lr={optim.lr}")
-    if model.share_embeddings == "all" and not cfg.data.joined_dictionary:
-        raise ConfigError(
-            "model.share_embeddings=all needs a joined dictionary: set data.joined_dictionary=true "
-            "or model.share_embeddings=decoder_io")
-    if cfg.norm.eps <= 0:
-        raise ConfigError(f"norm.eps={cfg.norm.eps}: expected > 0")
-    for key in ("norm.encoder_placement", "norm.decoder_placement"):
-        value = _get(cfg, key)
-        if value is not None and value not in CHOICES["norm.placement"]:
-            raise ConfigError(f"{key}={value!r}: expected one of {', '.join(CHOICES['norm.placement'])} or null")
-    if cfg.norm.placement == "none" and (cfg.norm.final_norm or cfg.norm.embedding_norm):
-        raise ConfigError("norm=none removes every norm: unset norm.final_norm / norm.embedding_norm")
-    if trainer.device == "cpu" and trainer.precision == "fp16":
-        raise ConfigError("trainer.precision=fp16 needs CUDA: use trainer.precision=bf16 or fp32 on CPU")
-    if trainer.devices > 1 and trainer.update_freq < 1:
-        raise ConfigError("trainer.update_freq must be >= 1")
-
-    # Each init scheme states what it requires (architecture principle 2).
-    from runner.init import SCHEMES, scheme_requirements  # local import: init imports config
-
-    if cfg.init.name not in SCHEMES:
-        raise ConfigError(
-            f"init={cfg.init.name}: unknown init scheme; expected one of {', '.join(sorted(SCHEMES))}")
-    for problem in scheme_requirements(cfg):
-        raise ConfigError(problem)

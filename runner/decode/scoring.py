@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from sacrebleu.metrics import BLEU
+from sacremoses import MosesDetokenizer
+
 from runner.data.subword import BPE_SYMBOL, remove_bpe
 
 __all__ = ["tokenized_bleu", "detok_sacrebleu", "bleu_scores", "remove_bpe", "BPE_SYMBOL"]
@@ -26,8 +29,6 @@ def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
 
 def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     """Corpus BLEU-4 in 0..100 on already tokenized text (one reference per hypothesis)."""
-    from sacrebleu.metrics import BLEU
-
     _check(hyps, refs)
     # smooth_method='none': multi-bleu and fairseq's scorer give 0 when any precision is 0
     # (sacrebleu's default 'exp' smoothing would not).
@@ -35,9 +36,7 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return float(bleu.corpus_score(list(hyps), [list(refs)]).score)
 
 
-def _detokenize(lines: Sequence[str], lang: str) -> list[str]:
-    from sacremoses import MosesDetokenizer
-
+def detokenize(lines: Sequence[str], lang: str) -> list[str]:
     detok = MosesDetokenizer(lang=lang)
     return [detok.detokenize(line.split(), unescape=True) for line in lines]
 
@@ -47,11 +46,9 @@ def detok_sacrebleu(hyps: Sequence[str], refs: Sequence[str], lang: str) -> tupl
     defaults. Returns (score, signature). When the references were lowercased (IWSLT'14,
     Multi30k tok), the score is on lowercased text; the signature still says case:mixed because
     sacreBLEU did not lowercase anything itself."""
-    from sacrebleu.metrics import BLEU
-
     _check(hyps, refs)
     bleu = BLEU()
-    score = bleu.corpus_score(_detokenize(hyps, lang), [_detokenize(refs, lang)])
+    score = bleu.corpus_score(detokenize(hyps, lang), [detokenize(refs, lang)])
     return float(score.score), str(bleu.get_signature())
 
 

@@ -1,0 +1,40 @@
+"""The `deepinit` command: a thin dispatcher, one module per verb, no ML logic.
+
+    deepinit train [overrides]      one run (Hydra); `deepinit [overrides]` is the same
+    deepinit -m [overrides]         a sweep (Hydra multirun; launchers in conf/hydra/launcher)
+    deepinit eval RUN_DIR ...       decode and score a finished run
+    deepinit report SWEEP_DIR       tables and plots of a sweep
+    deepinit analyze WHAT ...       the papers' diagnostic figures
+    deepinit data prepare NAME ...  prepare a corpus
+    deepinit bench ...              throughput benchmark
+    deepinit reproduce TARGET ...   a paper's table (what `make reproduce-TARGET` runs)
+
+Verb modules are imported when their verb runs, so `deepinit eval` does not pay for Hydra and
+`deepinit train` does not pay for matplotlib.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+VERBS = {
+    "train": "runner.cli.train",
+    "eval": "runner.cli.eval",
+    "report": "runner.cli.report",
+    "analyze": "runner.cli.analyze",
+    "data": "runner.cli.data",
+    "bench": "runner.cli.bench",
+    "reproduce": "runner.cli.reproduce",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    verb = args[0] if args and args[0] in VERBS else "train"
+    if args and args[0] == verb:
+        args = args[1:]
+    raise SystemExit(importlib.import_module(VERBS[verb]).main(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,4 @@
+"""`python -m runner.cli` is `deepinit`."""
+from runner.cli import main
+
+main()

@@ -1,0 +1,66 @@
+"""`deepinit bench`: training and decoding throughput, memory and MFU (runner/bench.py).
+
+Run as a script (`python -m runner.cli.bench ENTRY.json WORK_DIR OUT.json`) it is the worker
+that measures one entry in a fresh interpreter.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from runner import bench
+from runner.cli.compose import compose
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="deepinit bench", description=bench.__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", nargs="*", default=None,
+                   help=f"of {', '.join(bench.PRESETS)} (default: tiny small ci, + base on CUDA)")
+    p.add_argument("--depths", nargs="*", type=int, default=[6, 50, 100, 200],
+                   help="layers per stack for the depth scaling entries (none: skip)")
+    p.add_argument("--depth-max-tokens", type=int, default=1024)
+    p.add_argument("--warmup", type=int, default=None, help="untimed updates (default per preset)")
+    p.add_argument("--steps", type=int, default=None, help="updates per timed window")
+    p.add_argument("--windows", type=int, default=None, help="timed windows (repeats)")
+    p.add_argument("--decode-sentences", type=int, default=bench.DECODE_SENTENCES)
+    p.add_argument("--no-decode", action="store_true")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="torch.compile the model (auto: on CUDA)")
+    p.add_argument("--quick", action="store_true", help="a few updates of ci and 2-layer depth entries")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default outputs/bench/bench-<time>.json)")
+    p.add_argument("--work", type=Path, default=Path("outputs/bench/work"),
+                   help="scratch folder: corpus text, data cache, run folders")
+    p.add_argument("--peer", action="store_true",
+                   help="only the side-by-side: deepinit and fairseq alternating (make bench-peer)")
+    p.add_argument("--peer-configs", nargs="*", default=list(bench.PEER_CONFIGS),
+                   choices=list(bench.PEER_CONFIGS))
+    p.add_argument("--peer-tools", type=Path, default=bench.PEER_TOOLS)
+    p.add_argument("--reps", type=int, default=3, help="--peer: alternating runs per configuration")
+    p.add_argument("--decode-reps", type=int, default=3,
+                   help="--peer: how many of the runs also decode (default: all three, since one "
+                        "decoding run per side moves by 10-25%% between calls)")
+    p.add_argument("--quiet-wait", type=int, default=20,
+                   help="--peer: seconds the peer script waits for a quiet machine before each run")
+    p.add_argument("override", nargs="*", help="extra config overrides for every entry (key=value)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    return bench.run_bench(parse_args(argv), argv)
+
+
+def worker(argv: list[str]) -> int:
+    """ENTRY.json WORK_DIR OUT.json: measure one entry, write its result."""
+    entry = bench.Entry(**json.loads(Path(argv[0]).read_text()))
+    out = bench.run_entry(entry, Path(argv[1]), compose)
+    Path(argv[2]).write_text(json.dumps(out, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker(sys.argv[1:]))

@@ -1,0 +1,30 @@
+"""`deepinit reproduce TARGET`: a published table (what `make reproduce-TARGET` runs;
+runner/reproduce.py)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+from runner import reproduce
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="deepinit reproduce",
+                                description="Reproduce a published table (docs/reproductions.md).")
+    p.add_argument("target", choices=[*reproduce.TARGETS, "list"])
+    p.add_argument("overrides", nargs="*", help="extra overrides for every cell; an override of a "
+                   "swept axis replaces its values (e.g. model.layers=6,20,50)")
+    p.add_argument("--scale", choices=reproduce.SCALES, help="default: paper when a GPU is visible, else cpu")
+    p.add_argument("--launcher", choices=reproduce.LAUNCHERS,
+                   help="default: local (cells in parallel: one per GPU, or --parallel on CPU)")
+    p.add_argument("--parallel", type=int, default=0,
+                   help="CPU scale with the local launcher: cells at once (default: CPU count)")
+    p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
+                   help="parent of the sweep folder <target>-<scale> (default outputs/reproduce)")
+    p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")
+    p.add_argument("--no-eval", action="store_true", help="do not decode/score finished cells")
+    p.add_argument("--table-only", action="store_true",
+                   help="only (re)print the table from the run folders")
+    args = p.parse_intermixed_args(argv)
+    return reproduce.run(args)

@@ -1,0 +1,1 @@
+"""Decoding (greedy and beam search) and scoring (tokenized BLEU and sacreBLEU)."""

@@ -1,0 +1,105 @@
+"""The interface every init scheme implements, and the model surface it may touch.
+
+A scheme writes values into slots the model already has (weights, omega, alpha); it never changes
+the model's structure, so state_dict keys are the same under every scheme. What a scheme needs
+from the model is the `ModelSurface` protocol below; what the model needs from a scheme (which
+residual scales train) is the `ResidualSpec` the scheme declares, handed to the model's builder
+by the run assembly. The model never imports this package.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Iterator, Optional, Protocol
+
+import torch
+from torch import nn
+
+from runner.model.sublayer import ResidualSpec
+
+
+class SublayerHandle(Protocol):
+    """One residual branch: out = post_norm(omega * x + alpha * dropout(branch(pre_norm(x))))."""
+
+    side: str  # encoder | decoder
+    layer: int  # 0-based within its stack
+    kind: str  # self_attn | cross_attn | ffn
+    module: nn.Module  # .branch (q/k/v/out_proj or fc1/fc2), .omega, .alpha, .dropout
+
+    @property
+    def alpha(self) -> nn.Parameter: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+class ModelSurface(Protocol):
+    """What init schemes and diagnostics may use of a model (runner.model.seq2seq.Seq2Seq)."""
+
+    cfg: Any  # the ModelConfig: dim, heads, num_encoder_layers, num_decoder_layers, ...
+    pad_index: int
+
+    def sublayers(self) -> Iterator[SublayerHandle]: ...
+
+    def embedding_tables(self) -> dict[str, nn.Parameter]: ...
+
+    def norms(self) -> Iterator[tuple[str, nn.Module]]: ...
+
+    def __call__(self, src_tokens: torch.Tensor, prev_tokens: torch.Tensor,
+                 src_has_pad: bool = True) -> torch.Tensor: ...
+
+
+class InitScheme:
+    """Base class of the schemes. Subclasses set `name` and `placements` and implement `apply`;
+    the other hooks have neutral defaults.
+
+    placements: the norm placements the scheme is defined for. Both stacks' placements (with
+      norm.encoder_placement / norm.decoder_placement) must be among them; None = any.
+    requirements(cfg): further rules, one line per violation, each naming the override to change.
+    residual(cfg): which residual scales train (fixed when the model is built).
+    apply(model, cfg, batch): write the initial values; `batch` is the first training batch
+      (Admin profiles it). Returns the report written to init.json.
+    on_update(model, step, cfg): called after every optimizer update when `updates_during_training`
+      is True for this config (alpha ramps).
+    """
+
+    name: ClassVar[str] = ""
+    placements: ClassVar[Optional[tuple[str, ...]]] = None
+    placement_hint: ClassVar[str] = ""  # why the placement is required, for the error line
+
+    def requirements(self, cfg) -> list[str]:
+        return []
+
+    def residual(self, cfg) -> ResidualSpec:
+        return ResidualSpec()
+
+    def apply(self, model: ModelSurface, cfg, batch=None) -> dict:
+        raise NotImplementedError
+
+    def updates_during_training(self, cfg) -> bool:
+        return False
+
+    def on_update(self, model: ModelSurface, step: int, cfg) -> None:
+        return None
+
+
+def stack_placements(cfg) -> dict[str, str]:
+    """The norm placement of each stack (per-stack overrides included)."""
+    norm = cfg.norm
+    return {"encoder": norm.encoder_placement or norm.placement,
+            "decoder": norm.decoder_placement or norm.placement}
+
+
+def placement_problems(scheme: InitScheme, cfg) -> list[str]:
+    """One line for the placement the scheme does not define, on either stack."""
+    if scheme.placements is None:
+        return []
+    allowed = " or ".join(f"norm={p}" for p in scheme.placements)
+    hint = f" ({scheme.placement_hint})" if scheme.placement_hint else ""
+    if cfg.norm.placement not in scheme.placements:
+        return [f"init={scheme.name} is defined for {allowed} only{hint}, not "
+                f"norm={cfg.norm.placement}: use {allowed}"]
+    for side, placement in stack_placements(cfg).items():
+        if placement not in scheme.placements:
+            return [f"init={scheme.name} is defined for {allowed} only{hint}, on both stacks, "
+                    f"not norm.{side}_placement={placement}: use {allowed} and unset "
+                    f"norm.{side}_placement"]
+    return []

@@ -1,0 +1,183 @@
+"""The one place that builds a run from a config: validate, then data, model, init scheme,
+optimizer and schedule, on the right device. Every verb (train, eval, analyze, bench,
+reproduce) builds through here, so a model is never wired two ways."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from runner import init as init_schemes
+from runner.config import Config, ConfigError, validate
+from runner.data import build_data
+from runner.data.batching import Batch, collate, filter_by_length, make_batches
+from runner.data.dataset import TokenizedSplit, TranslationData, unigram_nll
+from runner.model.seq2seq import Seq2Seq, build_model
+from runner.train.optim import build_optimizer
+
+
+def check_config(cfg: Config) -> None:
+    """Every rule a config must satisfy before data loads: the field rules and the init
+    scheme's requirements (both stacks' norm placements included)."""
+    validate(cfg)
+    init_schemes.check_requirements(cfg)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is visible: use trainer.device=cpu or auto")
+    return torch.device(name)
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if name == "fp16" and device.type != "cuda":
+        raise ConfigError("trainer.precision=fp16 needs CUDA: use bf16 or fp32 on CPU")
+    return name
+
+
+def model_for(cfg: Config, src_vocab: int, tgt_vocab: int, pad_index: int) -> Seq2Seq:
+    """The model with the residual scales the init scheme trains (weights not yet initialized)."""
+    return build_model(cfg, src_vocab, tgt_vocab, pad_index, init_schemes.residual_spec(cfg))
+
+
+def training_batches(cfg: Config, split: TokenizedSplit) -> tuple[list[np.ndarray], int]:
+    """The token-bucketed training batches (length-filtered) and how many pairs were filtered."""
+    keep = filter_by_length(split, cfg.data.max_source_positions, cfg.data.max_target_positions)
+    return make_batches(split, cfg.data.max_tokens, keep, seed=cfg.trainer.seed), len(split) - len(keep)
+
+
+def first_batch(cfg: Config, data: TranslationData) -> Batch:
+    """The first training batch (in build order), which the init scheme may profile."""
+    split = data.splits[cfg.data.train_split]
+    batches, _ = training_batches(cfg, split)
+    return collate(split, batches[0], data.tgt_dict.pad_index, data.tgt_dict.eos_index)
+
+
+def fresh_model(cfg: Config, data: TranslationData) -> tuple[Seq2Seq, dict]:
+    """The model a run starts from and the init report: seed, build, init scheme on the first
+    training batch, in the order `deepinit train` uses (so the weights are the same)."""
+    torch.manual_seed(cfg.trainer.seed)
+    model = model_for(cfg, len(data.src_dict), len(data.tgt_dict), data.tgt_dict.pad_index)
+    report = init_schemes.apply(model, cfg, first_batch(cfg, data))
+    return model, report
+
+
+@dataclass
+class RunParts:
+    """Everything a training run needs, built and wired."""
+
+    cfg: Config
+    device: torch.device
+    precision: str
+    world: int  # DDP processes
+    rank: int
+    data: TranslationData
+    train_split: TokenizedSplit
+    batches: list[np.ndarray]
+    valid_split: TokenizedSplit
+    valid_batches: list[np.ndarray]
+    valid_unigram_nll: float
+    data_stats: dict[str, Any]
+    model: Seq2Seq
+    forward: nn.Module  # the model, or its DDP / compiled wrapper (what training calls)
+    optimizer: torch.optim.Optimizer
+    unpad: bool
+    update_hook: Optional[Callable[[nn.Module, int], None]]
+    init_report: Optional[dict] = None  # None when the weights come from a checkpoint
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pad(self) -> int:
+        return self.data.tgt_dict.pad_index
+
+    @property
+    def eos(self) -> int:
+        return self.data.tgt_dict.eos_index
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def init_distributed(device: torch.device) -> tuple[torch.device, int, int]:
+    """(device, world size, rank) from the environment torchrun / submitit / spawn_ddp set; joins
+    the process group (NCCL on CUDA, gloo on CPU) when there are several processes."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist  # noqa: PLC0415 (only with several processes)
+
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device, world, rank
+
+
+def build_run(cfg: Config, initialize: bool = True) -> RunParts:
+    """Build a training run. initialize=False leaves the weights to a checkpoint (resume)."""
+    check_config(cfg)
+    t = cfg.trainer
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    device, world, rank = init_distributed(resolve_device(t.device))
+    precision = resolve_precision(t.precision, device)
+    torch.manual_seed(t.seed)
+
+    data = build_data(cfg.data)
+    train = data.splits[cfg.data.train_split]
+    batches, filtered = training_batches(cfg, train)
+    valid = data.splits[cfg.data.valid_split]
+    valid_batches = make_batches(valid, cfg.data.max_tokens, shuffle=False)
+    if t.valid_max_batches:
+        valid_batches = valid_batches[:t.valid_max_batches]
+    stats = {
+        "train_pairs": len(train), "train_filtered": int(filtered),
+        "valid_pairs": len(valid), "batches_per_epoch": len(batches),
+        "src_vocab": len(data.src_dict), "tgt_vocab": len(data.tgt_dict), **data.stats,
+    }
+    pad, eos = data.tgt_dict.pad_index, data.tgt_dict.eos_index
+    model = model_for(cfg, len(data.src_dict), len(data.tgt_dict), pad)
+    report = None
+    if initialize:  # on the CPU model (Admin profiles the first batch), before moving it
+        report = init_schemes.apply(model, cfg, collate(train, batches[0], pad, eos))
+    model.to(device)
+    optimizer = build_optimizer(model.parameters(), cfg, device.type)
+    forward: nn.Module = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
+
+        forward = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    if t.compile:
+        forward = compiled(forward)
+    return RunParts(
+        cfg=cfg, device=device, precision=precision, world=world, rank=rank, data=data,
+        train_split=train, batches=batches, valid_split=valid, valid_batches=valid_batches,
+        valid_unigram_nll=unigram_nll(train, valid, len(data.tgt_dict)), data_stats=stats,
+        model=model, forward=forward, optimizer=optimizer,
+        unpad=t.unpad if t.unpad is not None else device.type == "cpu",
+        update_hook=init_schemes.update_hook(cfg), init_report=report)
+
+
+def compiled(module: nn.Module) -> nn.Module:
+    """torch.compile is an optimisation: a graph that fails to compile runs eagerly."""
+    import torch._dynamo  # noqa: PLC0415 (only with trainer.compile=true)
+
+    from runner.console import log  # noqa: PLC0415
+
+    torch._dynamo.config.suppress_errors = True
+    try:
+        return torch.compile(module)
+    except Exception as exc:
+        log.warning("torch.compile failed (%s); running eagerly", exc)
+        return module

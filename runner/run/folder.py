@@ -1,0 +1,239 @@
+"""The run folder: everything a run reads and writes on disk, in one place.
+
+    .hydra/            the composed config (written by Hydra)
+    train.log          the log (Hydra's file handler)
+    init.json          the init scheme's report
+    env.json           versions, device, precision, git commit, data sizes (`environment`)
+    metrics.jsonl      one JSON record per log window and per validation (`MetricsLog`)
+    checkpoint_*.pt    atomic, self-describing checkpoints (`save_checkpoint`, `load_checkpoint`)
+    result.json        written last: a run whose result says ok or diverged is finished
+
+Every JSON file is written atomically (a temporary file, then a rename), so a killed run never
+leaves a torn file. Checkpoints are loaded with weights_only=True: opening a checkpoint someone
+sent you cannot run their code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from runner import __version__
+
+LAST = "checkpoint_last.pt"
+NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
+
+
+def save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename: a kill at any moment
+    leaves either the old checkpoint or the new one, never a torn file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp creates 0600; checkpoints are shared like any output
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def numbered_checkpoints(run_dir: Path) -> list[Path]:
+    """checkpoint_<step>.pt files, oldest first."""
+    found = [(int(m.group(1)), p) for p in Path(run_dir).glob("checkpoint_*.pt")
+             if (m := NUMBERED.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any], step: int, keep: int) -> None:
+    """checkpoint_last.pt always; with keep > 0 also checkpoint_<step>.pt (for averaging), as a
+    hard link to the same bytes, pruning all but the newest `keep`."""
+    run_dir = Path(run_dir)
+    last = run_dir / LAST
+    save_checkpoint_file(state, last)
+    if keep > 0:
+        numbered = run_dir / f"checkpoint_{step}.pt"
+        tmp = run_dir / f".{numbered.name}.link"
+        tmp.unlink(missing_ok=True)
+        os.link(last, tmp)
+        os.replace(tmp, numbered)
+        for old in numbered_checkpoints(run_dir)[:-keep]:
+            old.unlink(missing_ok=True)
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
+    """fairseq's scripts/average_checkpoints.py: the mean of every floating-point tensor of the
+    models' state_dicts (accumulated in float64, returned in the tensor's own dtype); other
+    tensors (integer buffers) are taken from the last checkpoint."""
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    sums: dict[str, torch.Tensor] = {}
+    last: dict[str, torch.Tensor] = {}
+    for i, path in enumerate(paths):
+        state = load_checkpoint(path, map_location="cpu")
+        model = state["model"] if "model" in state else state
+        if i == 0:
+            keys = list(model)
+        elif set(model) != set(keys):
+            raise ValueError(f"{path}: its parameters differ from {paths[0]}'s")
+        for key, value in model.items():
+            if value.is_floating_point():
+                if i == 0:
+                    sums[key] = value.detach().to(torch.float64).clone()
+                else:
+                    if value.shape != sums[key].shape:
+                        raise ValueError(f"{path}: {key} has shape {tuple(value.shape)}, "
+                                         f"{paths[0]} has {tuple(sums[key].shape)}")
+                    sums[key] += value.detach().to(torch.float64)
+        last = model
+    return {key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value.clone()
+            for key, value in last.items()}
+
+
+# ----------------------------------------------------------------------------- JSON files
+FINISHED = ("ok", "diverged")  # a run with this result.json status is not trained again
+
+
+def _jsonable(obj):
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    if isinstance(obj, (np.ndarray, torch.Tensor)):
+        return obj.tolist()
+    return str(obj)
+
+
+def write_json(path: Path, obj: Any, indent: int = 2) -> None:
+    """Atomic: a temporary file in the same folder, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=indent, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Optional[Any]:
+    """The parsed file, or None when it is missing or torn."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_result(run_dir: Path) -> Optional[dict]:
+    return read_json(Path(run_dir) / "result.json")
+
+
+def write_result(run_dir: Path, result: dict) -> None:
+    write_json(Path(run_dir) / "result.json", result)
+
+
+def is_finished(run_dir: Path) -> Optional[dict]:
+    """The result of a finished run (status ok or diverged), else None."""
+    result = read_result(run_dir)
+    return result if result and result.get("status") in FINISHED else None
+
+
+# ----------------------------------------------------------------------------- metrics
+class MetricsLog:
+    """metrics.jsonl (one JSON record per line, flushed) and, optionally, TensorBoard scalars.
+
+    On resume, the lines a killed attempt logged after its last checkpoint are dropped first and
+    TensorBoard purges its events after that step, so a resumed run's files equal an
+    uninterrupted one's."""
+
+    def __init__(self, run_dir: Path, resumed_at: Optional[int] = None, tensorboard: bool = False):
+        path = Path(run_dir) / "metrics.jsonl"
+        if resumed_at is not None:
+            truncate_metrics(path, resumed_at)
+        self.file = open(path, "a")
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 (tensorboard is heavy)
+
+            self.writer = SummaryWriter(
+                log_dir=str(run_dir), purge_step=None if resumed_at is None else resumed_at + 1)
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.writer is not None:
+            split = record["split"]
+            for key, value in record.items():
+                if key not in ("split", "step", "epoch") and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"{split}/{key}", value, record["step"])
+            self.writer.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the records of updates up to `step` (atomic rewrite)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if line.strip() and json.loads(line)["step"] <= step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- environment
+def git_commit() -> Optional[str]:
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _version(package: str) -> Optional[str]:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def environment(device: torch.device, precision: str) -> dict[str, Any]:
+    """What env.json records about where and with what a run ran."""
+    return {
+        "deepinit": __version__, "python": platform.python_version(),
+        "torch": torch.__version__, "hydra": _version("hydra-core"),
+        "omegaconf": _version("omegaconf"),
+        "cuda": torch.version.cuda, "device": str(device), "precision": precision,
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
+        "threads": torch.get_num_threads(), "hostname": socket.gethostname(),
+        "git_commit": git_commit(), "platform": platform.platform(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }

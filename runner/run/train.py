@@ -1,0 +1,185 @@
+"""train(cfg, run_dir) -> result: one training run in its folder, as a plain function tests call.
+
+Builds the run (runner/run/build.py), resumes it from checkpoint_last.pt when there is one, hands
+the train loop its callbacks (metrics and TensorBoard, checkpoints, validation BLEU), and writes
+result.json last. A run whose result.json says ok or diverged is finished and skipped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+from runner.config import Config, ConfigError, config_from_dict
+from runner.console import console, log, summary_table
+from runner.run import folder
+from runner.run.build import RunParts, build_run, check_config, resolve_device
+from runner.run.evaluate import final_scores, split_bleu
+from runner.train.loop import Callback, Outcome, Trainer
+
+
+# ----------------------------------------------------------------------------- callbacks
+class MetricsCallback(Callback):
+    """metrics.jsonl and TensorBoard (main rank only)."""
+
+    def __init__(self, metrics: folder.MetricsLog):
+        self.metrics = metrics
+
+    def on_record(self, trainer: Trainer, record: dict) -> None:
+        self.metrics.write(record)
+
+
+class CheckpointCallback(Callback):
+    """checkpoint_last.pt (+ numbered ones to keep) at every save, checkpoint_best.pt at every
+    new best validation (main rank only)."""
+
+    def __init__(self, run_dir: Path, keep: int):
+        self.run_dir, self.keep = run_dir, keep
+
+    def on_checkpoint(self, trainer: Trainer) -> None:
+        folder.save_checkpoint(self.run_dir, trainer.state_dict(), trainer.state.step, self.keep)
+
+    def on_best(self, trainer: Trainer) -> None:
+        folder.save_checkpoint_file(trainer.state_dict(), self.run_dir / "checkpoint_best.pt")
+
+
+class ValidBleu(Callback):
+    """Tokenized BLEU of the valid split at every validation (trainer.valid_bleu, or
+    best_checkpoint_metric=bleu). Every rank decodes the whole split: the same score, no
+    communication."""
+
+    def __init__(self, parts: RunParts):
+        self.parts = parts
+
+    def on_validate(self, trainer: Trainer, record: dict) -> None:
+        p, cfg = self.parts, self.parts.cfg
+        record["bleu"] = split_bleu(
+            p.model, p.valid_split, p.data.references[cfg.data.valid_split], p.data.tgt_dict,
+            p.data.bpe_symbol, cfg.trainer, cfg.data.max_tokens, p.device)
+        p.model.train()
+
+
+# ----------------------------------------------------------------------------- the run
+def result_record(parts: RunParts, trainer: Trainer, outcome: Outcome, resumed: bool) -> dict:
+    """result.json: the outcome, losses, throughput and where it ran."""
+    s, t = trainer.state, parts.cfg.trainer
+    valid = s.last_valid or {}
+    stall_line = parts.valid_unigram_nll - t.divergence.stall_margin
+    stalled = (outcome.status == "ok" and s.best_valid_nll is not None
+               and s.best_valid_nll > stall_line)
+    if stalled:
+        log.warning("stalled: best valid NLL %.3f is not below the unigram NLL %.3f minus %.2f",
+                    s.best_valid_nll, parts.valid_unigram_nll, t.divergence.stall_margin)
+    return {
+        "status": outcome.status, "reason": outcome.reason, "diverged_step": outcome.diverged_step,
+        "updates": s.step, "epochs": s.pos.epoch,
+        "train_loss": s.last_train_loss, "valid_loss": valid.get("loss"),
+        "valid_nll_loss": valid.get("nll_loss"), "valid_ppl": valid.get("ppl"),
+        "best_valid_loss": s.best_valid_loss, "best_valid_nll": s.best_valid_nll,
+        "valid_unigram_nll": parts.valid_unigram_nll, "stalled": stalled,
+        "tokens_per_s": s.train_tokens / max(s.train_seconds, 1e-9),
+        "train_tokens": s.train_tokens,
+        "wall_s": trainer.wall_s(),
+        "resumed": resumed, "parameters": parts.parameters, "bleu": None,
+        "device": str(parts.device), "precision": parts.precision,
+    }
+
+
+def train(cfg, run_dir: Path) -> dict:
+    """Validate, then train (or skip a finished run), and write result.json last."""
+    if not isinstance(cfg, Config):
+        cfg = config_from_dict(cfg)
+    check_config(cfg)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    previous = folder.is_finished(run_dir)
+    if cfg.trainer.resume and previous:
+        log.info("run already finished (%s): %s", previous["status"], run_dir / "result.json")
+        console.print(summary_table(previous, str(run_dir)))
+        return previous
+    if cfg.trainer.devices > 1 and "WORLD_SIZE" not in os.environ:
+        return spawn_ddp(cfg, run_dir)
+
+    last = run_dir / folder.LAST
+    resume = cfg.trainer.resume and last.exists()
+    parts = build_run(cfg, initialize=not resume)
+    main = parts.rank == 0
+    callbacks: list[Callback] = []
+    if cfg.trainer.valid_bleu or cfg.trainer.best_checkpoint_metric == "bleu":
+        callbacks.append(ValidBleu(parts))
+    if main:
+        callbacks.append(CheckpointCallback(run_dir, cfg.trainer.keep_checkpoints))
+    trainer = Trainer(parts, callbacks)
+    if resume:
+        trainer.load_state_dict(folder.load_checkpoint(last, map_location=parts.device))
+        log.info("resumed from %s at update %d", last, trainer.state.step)
+    elif main:
+        folder.write_json(run_dir / "init.json", parts.init_report)
+        # The vocabularies the model is trained on: eval checks its rebuilt data against them.
+        parts.data.src_dict.save(run_dir / "dict.src.txt")
+        parts.data.tgt_dict.save(run_dir / "dict.tgt.txt")
+    if main:
+        folder.write_json(run_dir / "env.json", {
+            **folder.environment(parts.device, parts.precision), "parameters": parts.parameters,
+            "unpad": parts.unpad, "data": parts.data_stats, "world_size": parts.world})
+    log.info("model: %s params, %d+%d layers, norm=%s, init=%s, optim=%s; data: %s",
+             f"{parts.parameters:,}", cfg.model.num_encoder_layers, cfg.model.num_decoder_layers,
+             cfg.norm.placement, cfg.init.name, cfg.optim.name, parts.data_stats)
+
+    metrics = None
+    if main:
+        metrics = folder.MetricsLog(run_dir, trainer.state.step if resume else None,
+                                    cfg.trainer.tensorboard)
+        trainer.callbacks.insert(0, MetricsCallback(metrics))
+    try:
+        outcome = trainer.run()
+    finally:
+        if metrics is not None:
+            metrics.close()
+    result = result_record(parts, trainer, outcome, resume)
+    result["world_size"] = parts.world
+    if main and cfg.trainer.final_bleu and result["status"] == "ok":
+        try:
+            result.update(final_scores(cfg, run_dir, parts.device))
+        except Exception as exc:  # scoring must not turn a finished run into a failed one
+            log.warning("final BLEU failed: %s: %s", type(exc).__name__, exc)
+            result["bleu_error"] = f"{type(exc).__name__}: {exc}"
+    if main:
+        folder.write_result(run_dir, result)
+        console.print(summary_table(result, str(run_dir)))
+    if parts.world > 1:
+        import torch.distributed as dist  # noqa: PLC0415 (only with several processes)
+
+        dist.barrier()
+        dist.destroy_process_group()
+    return result
+
+
+# ----------------------------------------------------------------------------- local DDP
+def _ddp_worker(rank: int, world: int, port: int, cfg: Config, run_dir: Path) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if rank == 0:  # a spawned interpreter has no Hydra logging: log to train.log directly
+        handler = logging.FileHandler(run_dir / "train.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logging.getLogger().addHandler(handler)
+        logging.getLogger().setLevel(logging.INFO)
+    train(cfg, run_dir)
+
+
+def spawn_ddp(cfg: Config, run_dir: Path) -> dict:
+    """trainer.devices=N without a launcher: start N local processes (gloo on CPU, NCCL on
+    CUDA) and return rank 0's result."""
+    import torch.multiprocessing as mp  # noqa: PLC0415 (only for local DDP)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    if resolve_device(cfg.trainer.device).type == "cuda" and torch.cuda.device_count() < cfg.trainer.devices:
+        raise ConfigError(f"trainer.devices={cfg.trainer.devices} but only "
+                          f"{torch.cuda.device_count()} CUDA devices are visible")
+    mp.spawn(_ddp_worker, args=(cfg.trainer.devices, port, cfg, run_dir), nprocs=cfg.trainer.devices)
+    return folder.read_result(run_dir)

@@ -1,0 +1,1 @@
+"""Training: the loop (`Trainer.step` / `Trainer.run` with callbacks), optimizers, schedules."""

@@ -1,0 +1,384 @@
+"""The train loop: `Trainer.step` does one update, `Trainer.run` repeats it until
+trainer.max_updates (or max_epochs), logging windows, checking divergence, validating and asking
+for checkpoints at their intervals.
+
+The loop knows the loss and nothing else: what happens with its records (metrics.jsonl,
+TensorBoard), checkpoints, validation BLEU and diagnostics are `Callback`s handed to it by the
+run assembly (runner/run/). It does no file I/O of its own.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+from runner.console import log, progress_bar
+from runner.data.batching import Batch, collate, epoch_order
+from runner.model.loss import label_smoothed_nll
+from runner.train.optim import set_lr
+from runner.train.schedule import lr_at
+
+
+# ----------------------------------------------------------------------------- state
+@dataclass
+class DataPosition:
+    """Where the next batch comes from: resume restores exactly this."""
+
+    epoch: int = 1
+    index: int = 0  # position within the epoch's batch order
+
+
+def batch_stream(batches: list[np.ndarray], seed: int, pos: DataPosition) -> Iterator[np.ndarray]:
+    """Yields batch indices forever, advancing `pos` in place (epochs roll over)."""
+    while True:
+        order = epoch_order(batches, seed, pos.epoch)
+        while pos.index < len(order):
+            indices = order[pos.index]
+            pos.index += 1
+            yield indices
+        pos.epoch, pos.index = pos.epoch + 1, 0
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    pos: DataPosition = field(default_factory=DataPosition)
+    best_valid_loss: Optional[float] = None
+    best_valid_nll: Optional[float] = None
+    best_metric: Optional[float] = None  # trainer.best_checkpoint_metric's best value
+    train_tokens: int = 0
+    train_seconds: float = 0.0
+    wall_before: float = 0.0  # wall time of earlier attempts (resume)
+    bad_streak: float = 0.0  # consecutive updates with loss above the divergence bound
+    last_train_loss: Optional[float] = None
+    last_valid: dict = field(default_factory=dict)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _as_tuple(obj):
+    return tuple(_as_tuple(x) for x in obj) if isinstance(obj, (list, tuple)) else obj
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_as_tuple(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class StepOutput:
+    """One update, as tensors on the device (read them only on log steps: a host sync)."""
+
+    loss_sum: torch.Tensor  # label-smoothed loss summed over this rank's target tokens
+    nll_sum: torch.Tensor
+    grad_norm: torch.Tensor  # before clipping
+    tokens: int  # target tokens of the update over all ranks
+    lr: float
+    batches: list[Batch]  # this rank's micro-batches (on the device)
+
+    @property
+    def loss_per_token(self) -> torch.Tensor:
+        return self.loss_sum / self.tokens
+
+
+@dataclass
+class Outcome:
+    status: str = "ok"  # ok | diverged
+    reason: Optional[str] = None
+    diverged_step: Optional[int] = None
+
+
+# ----------------------------------------------------------------------------- callbacks
+class Callback:
+    """Hooks the loop calls; every method is optional (the defaults do nothing)."""
+
+    def on_step_start(self, trainer: "Trainer") -> None: ...
+
+    def on_step_end(self, trainer: "Trainer", out: StepOutput) -> None: ...
+
+    def on_validate(self, trainer: "Trainer", record: dict) -> None:
+        """May add fields (e.g. bleu) to the validation record before it is used and logged."""
+
+    def on_best(self, trainer: "Trainer") -> None:
+        """The validation just done is the best so far by trainer.best_checkpoint_metric."""
+
+    def on_record(self, trainer: "Trainer", record: dict) -> None:
+        """A train-window or validation record (what metrics.jsonl holds)."""
+
+    def on_checkpoint(self, trainer: "Trainer") -> None: ...
+
+
+# ----------------------------------------------------------------------------- the loop
+class Trainer:
+    """Trains `parts` (a runner.run.build.RunParts: config, device, data, model, optimizer)."""
+
+    def __init__(self, parts, callbacks: Sequence[Callback] = ()):
+        self.parts = parts
+        self.cfg, self.model, self.optimizer = parts.cfg, parts.model, parts.optimizer
+        self.device, self.world, self.rank = parts.device, parts.world, parts.rank
+        self.callbacks = list(callbacks)
+        self.state = LoopState()
+        self.stream = batch_stream(parts.batches, self.cfg.trainer.seed, self.state.pos)
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(parts.precision)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=parts.precision == "fp16")
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        clip = self.cfg.optim.clip_norm
+        self.max_norm = clip if clip > 0 else float("inf")
+        self.t0 = time.time()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _callbacks(self, hook: str, *args) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args)
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if self.world > 1:
+            import torch.distributed as dist  # noqa: PLC0415 (only with several processes)
+
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return tensor
+
+    # ---- one update
+    def _next_batches(self) -> tuple[list[Batch], int]:
+        """This rank's micro-batches of one update and the update's target tokens over all
+        ranks (every rank knows every batch's lengths, so no communication is needed)."""
+        split, pad, eos = self.parts.train_split, self.parts.pad, self.parts.eos
+        out, global_tokens = [], 0
+        for _ in range(self.cfg.trainer.update_freq):
+            group = [next(self.stream) for _ in range(self.world)]  # rank r takes group[r]
+            global_tokens += int(sum(split.tgt_lengths[g].sum() for g in group))
+            batch = collate(split, group[self.rank], pad, eos)
+            if self.device.type == "cuda":
+                batch = batch.pin_memory()
+            out.append(batch.to(self.device, non_blocking=True))
+        return out, global_tokens
+
+    def step(self) -> StepOutput:
+        """One optimizer update: lr from the schedule, forward/backward of the update's
+        micro-batches, clipping, the optimizer step and the init scheme's per-update hook."""
+        t, unpad, forward = self.cfg.trainer, self.parts.unpad, self.parts.forward
+        self._callbacks("on_step_start")
+        lr = lr_at(self.state.step, self.cfg)
+        set_lr(self.optimizer, lr)
+        batches, ntokens = self._next_batches()
+        loss_sum = torch.zeros((), device=self.device)
+        nll_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            # DDP averages gradients over ranks; scaling by world/ntokens makes the result
+            # sum(loss)/ntokens over the global batch, as in one process.
+            sync = self.world == 1 or i == len(batches) - 1
+            with nullcontext() if sync else forward.no_sync():
+                with self.autocast():
+                    logits = forward(batch.src_tokens, batch.prev_tokens, batch.src_has_pad,
+                                     unpad=unpad)
+                target = batch.real_target if unpad else batch.target
+                loss, nll = label_smoothed_nll(logits, target, t.label_smoothing, self.parts.pad)
+                self.scaler.scale(loss * (self.world / ntokens)).backward()
+            loss_sum += loss.detach()
+            nll_sum += nll.detach()
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        if self.parts.update_hook is not None:
+            self.parts.update_hook(self.model, self.state.step)
+        out = StepOutput(loss_sum, nll_sum, grad_norm, ntokens, lr, batches)
+        self._callbacks("on_step_end", out)
+        return out
+
+    # ---- validation
+    @torch.no_grad()
+    def validation_loss(self) -> dict:
+        self.model.eval()
+        split, pad, eos = self.parts.valid_split, self.parts.pad, self.parts.eos
+        loss_sum = nll_sum = 0.0
+        tokens = 0
+        for indices in self.parts.valid_batches[self.rank::self.world]:
+            batch = collate(split, indices, pad, eos).to(self.device)
+            with self.autocast():
+                logits = self.model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
+            loss, nll = label_smoothed_nll(logits, batch.target, self.cfg.trainer.label_smoothing, pad)
+            loss_sum += float(loss)
+            nll_sum += float(nll)
+            tokens += batch.ntokens
+        self.model.train()
+        if self.world > 1:
+            sums = self.all_reduce(torch.tensor([loss_sum, nll_sum, tokens], dtype=torch.float64,
+                                                device=self.device))
+            loss_sum, nll_sum, tokens = sums.tolist()
+        loss, nll = loss_sum / max(tokens, 1), nll_sum / max(tokens, 1)
+        return {"loss": loss, "nll_loss": nll, "ppl": math.exp(min(nll, 50.0))}
+
+    def validate(self, lr: float) -> None:
+        s, t = self.state, self.cfg.trainer
+        valid = self.validation_loss()
+        self._callbacks("on_validate", valid)
+        s.last_valid = valid
+        if s.best_valid_loss is None or valid["loss"] < s.best_valid_loss:
+            s.best_valid_loss = valid["loss"]
+        if s.best_valid_nll is None or valid["nll_loss"] < s.best_valid_nll:
+            s.best_valid_nll = valid["nll_loss"]
+        if t.best_checkpoint_metric in ("loss", "bleu"):
+            value = valid["loss"] if t.best_checkpoint_metric == "loss" else valid["bleu"]
+            sign = 1.0 if t.best_checkpoint_metric == "loss" else -1.0
+            if s.best_metric is None or sign * value < sign * s.best_metric:
+                s.best_metric = value
+                self._callbacks("on_best")
+        self._callbacks("on_record", {"split": "valid", "step": s.step, "epoch": s.pos.epoch,
+                                      "lr": lr, **valid})
+        log.info("valid at update %d: loss %.4f  nll %.4f  ppl %.2f", s.step, valid["loss"],
+                 valid["nll_loss"], valid["ppl"])
+
+    def checkpoint(self) -> None:
+        self._callbacks("on_checkpoint")
+        if self.world > 1:
+            import torch.distributed as dist  # noqa: PLC0415 (only with several processes)
+
+            dist.barrier()
+
+    # ---- checkpoint state
+    def state_dict(self) -> dict:
+        s = self.state
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "schedule": {"step": s.step},  # the lr is a pure function of the step
+            "step": s.step, "epoch": s.pos.epoch, "epoch_index": s.pos.index,
+            "best_valid_loss": s.best_valid_loss, "best_valid_nll": s.best_valid_nll,
+            "best_metric": s.best_metric, "train_tokens": s.train_tokens,
+            "train_seconds": s.train_seconds, "wall_s": self.wall_s(),
+            "bad_streak": s.bad_streak, "last_train_loss": s.last_train_loss,
+            "last_valid": s.last_valid,
+            "rng": rng_state(),
+            "config": asdict(self.cfg),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        s = self.state
+        s.step = state["step"]
+        s.pos.epoch, s.pos.index = state["epoch"], state["epoch_index"]
+        s.best_valid_loss = state["best_valid_loss"]
+        s.best_valid_nll = state.get("best_valid_nll")
+        s.best_metric = state.get("best_metric")
+        s.train_tokens, s.train_seconds = state["train_tokens"], state["train_seconds"]
+        s.wall_before = state["wall_s"]
+        s.bad_streak, s.last_train_loss = state["bad_streak"], state["last_train_loss"]
+        s.last_valid = state["last_valid"]
+        set_rng_state(state["rng"])
+
+    def wall_s(self) -> float:
+        return self.state.wall_before + time.time() - self.t0
+
+    # ---- the run
+    def run(self) -> Outcome:
+        """Update until max_updates (or max_epochs) or divergence. Logs a train record every
+        trainer.log_interval updates, validates every valid_interval and checkpoints every
+        save_interval (and both at the end)."""
+        cfg, t, s = self.cfg, self.cfg.trainer, self.state
+        self.t0 = time.time()
+        outcome = Outcome()
+        bound, patience = t.divergence.loss_bound, t.divergence.patience
+        # Device-side accumulators: no host sync per update (CUDA); read on log/check steps.
+        dev = self.device
+        window_loss = torch.zeros((), device=dev)
+        window_nll = torch.zeros((), device=dev)
+        window_gnorm = torch.zeros((), device=dev)
+        window_tokens, window_updates, window_time = 0, 0, 0.0
+        streak = torch.tensor(s.bad_streak, device=dev)
+        max_streak = torch.zeros((), device=dev)
+        nonfinite = torch.zeros((), dtype=torch.bool, device=dev)
+
+        self.model.train()
+        lr = lr_at(s.step, cfg)
+        with progress_bar(t.progress if self.is_main else False) as progress:
+            task = progress.add_task("train", total=t.max_updates, completed=s.step, loss="-",
+                                     lr="-", tps="-")
+            while s.step < t.max_updates and (t.max_epochs == 0 or s.pos.epoch <= t.max_epochs):
+                tick = time.perf_counter()
+                out = self.step()
+                lr = out.lr
+                per_token = out.loss_sum * (self.world / out.tokens)  # this rank's share
+                window_loss += out.loss_sum
+                window_nll += out.nll_sum
+                window_gnorm += out.grad_norm.detach().float()
+                nonfinite |= ~torch.isfinite(per_token)
+                streak = (streak + 1) * (per_token > bound)
+                max_streak = torch.maximum(max_streak, streak)
+                window_tokens += out.tokens
+                window_updates += 1
+                elapsed = time.perf_counter() - tick
+                window_time += elapsed
+                s.train_tokens += out.tokens
+                s.train_seconds += elapsed
+                progress.update(task, completed=s.step)
+
+                at_log = s.step % t.log_interval == 0 or s.step == t.max_updates
+                if at_log or s.step % t.divergence.check_interval == 0:
+                    if self.world > 1:  # ranks agree on divergence
+                        flags = self.all_reduce(torch.stack([nonfinite.float(), max_streak]), "max")
+                        nonfinite, max_streak = flags[0] > 0, flags[1]
+                    if bool(nonfinite):
+                        outcome = Outcome("diverged", "non-finite loss (nan/inf)", s.step)
+                    elif float(max_streak) >= patience:
+                        outcome = Outcome("diverged", f"loss above {bound} for {patience} "
+                                                      "consecutive updates", s.step)
+                    s.bad_streak = float(streak)
+                if at_log or outcome.status != "ok":
+                    sums = self.all_reduce(torch.stack([window_loss, window_nll]))
+                    train_loss = float(sums[0]) / max(window_tokens, 1)
+                    record = {
+                        "split": "train", "step": s.step, "epoch": s.pos.epoch,
+                        "loss": train_loss, "nll_loss": float(sums[1]) / max(window_tokens, 1),
+                        "lr": lr, "grad_norm": float(window_gnorm) / max(window_updates, 1),
+                        "tokens_per_s": window_tokens / max(window_time, 1e-9),
+                        "wall_s": self.wall_s(),
+                    }
+                    s.last_train_loss = train_loss
+                    self._callbacks("on_record", record)
+                    progress.update(task, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}",
+                                    tps=f"{record['tokens_per_s']:,.0f}")
+                    if not progress.live.is_started or progress.disable:
+                        log.info("update %d/%d  loss %.4f  lr %.3e  gnorm %.2f  %.0f tok/s",
+                                 s.step, t.max_updates, train_loss, lr, record["grad_norm"],
+                                 record["tokens_per_s"])
+                    window_loss.zero_(); window_nll.zero_(); window_gnorm.zero_()
+                    window_tokens, window_updates, window_time = 0, 0, 0.0
+                if outcome.status != "ok":
+                    log.warning("diverged at update %d: %s", s.step, outcome.reason)
+                    break
+                done = s.step >= t.max_updates
+                if (t.valid_interval and s.step % t.valid_interval == 0) or done:
+                    self.validate(lr)
+                if (t.save_interval and s.step % t.save_interval == 0) or done:
+                    self.checkpoint()
+            if outcome.status == "ok" and s.step < t.max_updates:  # stopped by max_epochs
+                self.validate(lr_at(s.step, cfg))
+                self.checkpoint()
+        return outcome
