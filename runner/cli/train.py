@@ -103,7 +103,8 @@ def run_task(cfg: DictConfig) -> None:
         logging.getLogger("deepinit.file").error("run failed:\n%s", traceback.format_exc())
         write_result(run_dir, {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"})
         if not multirun:
-            sys.stderr.write(f"deepinit: run failed: {type(exc).__name__}: {exc} (traceback in {run_dir / 'train.log'})\n")
+            sys.stderr.write(f"deepinit: run failed: {type(exc).__name__}: {exc} "
+                             f"(traceback in {run_dir / 'train.log'})\n")
             raise SystemExit(1)
         return None
     return None

@@ -7,8 +7,8 @@ import pytest
 import torch
 from init_helpers import initialized, make_batch, make_cfg, make_model
 
-from runner.init import apply as init_apply
 from runner.init import SCHEMES
+from runner.init import apply as init_apply
 from runner.init import update_hook as on_update_hook
 
 
