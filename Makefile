@@ -24,11 +24,15 @@ setup: $(BIN)/python
 	# compat editable mode: Hydra's plugin scan must see hydra_plugins/ (the local launcher)
 	$(BIN)/python -m pip install -e ".[dev]" --config-settings editable_mode=compat
 
+# Real corpora for the tests (multi30k/, iwslt14-de-en-fairseq/): $DEEPINIT_DATA_ROOT when set,
+# else ../shared/data beside the checkout; make test DATA_ROOT=PATH picks another folder.
+DATA_ROOT ?= $(or $(DEEPINIT_DATA_ROOT),$(abspath ../shared/data))
+
 test:
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 DEEPINIT_DATA_ROOT="$(DATA_ROOT)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast:
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 DEEPINIT_DATA_ROOT="$(DATA_ROOT)" $(BIN)/python -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
 
 train:
 	$(BIN)/deepinit train
@@ -63,7 +67,7 @@ bench-peer:
 	bash $(PEER_TOOLS)/peer_setup.sh
 	$(BIN)/deepinit bench --peer --threads $(if $(filter 0,$(THREADS)),2,$(THREADS)) --peer-tools $(PEER_TOOLS) $(BENCH_ARGS)
 
-# One command per published table (runner/reproduce.py, docs/reproductions.md):
+# One command per published table (deepinit reproduce, docs/reproductions.md):
 #   make reproduce-table2 [SCALE=cpu|paper] [LAUNCHER=basic|local|slurm] [DRY_RUN=1] [REPRODUCE_ARGS="overrides"]
 # SCALE defaults to paper when a GPU is visible, else cpu. Runs land in
 # outputs/reproduce/<target>-<scale>/; a second call runs only the unfinished cells.
@@ -73,4 +77,4 @@ DRY_RUN ?=
 REPRODUCE_ARGS ?=
 .PHONY: reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz
 reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz:
-	$(BIN)/python -m runner.reproduce $(@:reproduce-%=%) $(if $(SCALE),--scale $(SCALE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY_RUN),--dry-run) $(REPRODUCE_ARGS)
+	$(BIN)/deepinit reproduce $(@:reproduce-%=%) $(if $(SCALE),--scale $(SCALE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY_RUN),--dry-run) $(REPRODUCE_ARGS)

@@ -4,22 +4,12 @@
 """
 from __future__ import annotations
 
+from runner.data import toy
+from runner.data.corpus import load_translation_data
 from runner.data.dataset import TokenizedSplit, TranslationData
 
-
-def _toy(data_cfg) -> TranslationData:
-    from runner.data import toy
-
-    return toy.build(data_cfg)
-
-
-def _corpus(data_cfg) -> TranslationData:
-    from runner.data.corpus import load_translation_data
-
-    return load_translation_data(data_cfg)
-
-
-BUILDERS = {"toy": _toy, "multi30k": _corpus, "iwslt14": _corpus, "custom": _corpus}
+BUILDERS = {"toy": toy.build, "multi30k": load_translation_data, "iwslt14": load_translation_data,
+            "custom": load_translation_data}
 
 
 def build_data(data_cfg) -> TranslationData:

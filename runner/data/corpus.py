@@ -22,7 +22,7 @@ from runner.data.subword import BPE_SYMBOL, BPEError, SubwordNmtCodes, learn_bpe
 
 log = logging.getLogger("deepinit.data")
 
-PADDING_FACTOR = 8  # fairseq-preprocess default (methods 2.2: 10,152 = 8 * 1,269)
+PADDING_FACTOR = 8  # fairseq-preprocess default (IWSLT'14 joined dictionary: 10,152 = 8 * 1,269)
 
 
 class CorpusError(ValueError):
@@ -115,17 +115,12 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
 # --------------------------------------------------------------------------------------------
 # Where each corpus keeps its files
 
-def default_data_root() -> Path:
-    """$DEEPINIT_DATA_ROOT, else the shared/data folder beside a checkout (where the staged
-    corpora live), else /work/shared/data."""
-    if os.environ.get("DEEPINIT_DATA_ROOT"):
-        return Path(os.environ["DEEPINIT_DATA_ROOT"])
-    beside_checkout = Path(__file__).resolve().parents[3] / "shared" / "data"
-    return beside_checkout if beside_checkout.is_dir() else Path("/work/shared/data")
-
-
-_SHARED = default_data_root()
-DEFAULT_DIRS = {"multi30k": _SHARED / "multi30k", "iwslt14": _SHARED / "iwslt14-de-en-fairseq"}
+DATA_ROOT_ENV = "DEEPINIT_DATA_ROOT"
+# The folder of each built-in corpus under the data root (data.dir null).
+CORPUS_FOLDERS = {"multi30k": "multi30k", "iwslt14": "iwslt14-de-en-fairseq"}
+# How to make each built-in corpus folder (for the missing-folder error).
+PREPARE_HINTS = {"multi30k": "deepinit data prepare multi30k --raw PATH --out DIR",
+                 "iwslt14": "deepinit data prepare iwslt14 --raw PATH/de-en.tgz --out DIR"}
 # Multi30k's own split names (multi30k/dataset data/task1) for deepinit's usual ones.
 MULTI30K_ALIASES = {"valid": "val", "test": "test_2016_flickr"}
 
@@ -136,13 +131,46 @@ IWSLT14_TRAIN_HINT = (
     "`deepinit data prepare iwslt14 --raw PATH/de-en.tgz --out DIR`, then use data.dir=DIR")
 
 
+def default_data_root() -> Path:
+    """Where data.dir=null looks for the built-in corpora: $DEEPINIT_DATA_ROOT, else the
+    per-user $XDG_CACHE_HOME/deepinit/data (~/.cache/deepinit/data when XDG_CACHE_HOME is unset
+    or not absolute). Read from the environment at each call."""
+    env = os.environ.get(DATA_ROOT_ENV)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "deepinit" / "data"
+
+
+def default_corpus_dir(name: str) -> Path:
+    """The folder of built-in corpus `name` (multi30k, iwslt14) under default_data_root()."""
+    return default_data_root() / CORPUS_FOLDERS[name]
+
+
 def corpus_dir(cfg) -> Path:
     if cfg.dir:
         return Path(cfg.dir).expanduser()
-    if cfg.name in DEFAULT_DIRS:
-        return DEFAULT_DIRS[cfg.name]
+    if cfg.name in CORPUS_FOLDERS:
+        return default_corpus_dir(cfg.name)
     raise CorpusError(f"data={cfg.name} needs data.dir=PATH (a folder with "
                       "{split}.{lang} files, plain or .gz)")
+
+
+def existing_corpus_dir(cfg) -> Path:
+    """corpus_dir(cfg), or a one-line CorpusError naming the folder looked in and what to do."""
+    directory = corpus_dir(cfg)
+    if directory.is_dir():
+        return directory
+    if cfg.dir:
+        raise CorpusError(f"corpus folder not found: {directory} (data.dir)")
+    folder = CORPUS_FOLDERS[cfg.name]
+    source = (f"${DATA_ROOT_ENV}/{folder}" if os.environ.get(DATA_ROOT_ENV) else
+              f"the per-user default, as {DATA_ROOT_ENV} is not set")
+    raise CorpusError(
+        f"data={cfg.name}: corpus folder not found: {directory} ({source}); set "
+        f"{DATA_ROOT_ENV} to the folder that holds {folder}/, pass data.dir=PATH, or make one "
+        f"with `{PREPARE_HINTS[cfg.name]}` and pass data.dir=DIR")
 
 
 def split_file(cfg, directory: Path, split: str, lang: str) -> Path:
@@ -198,9 +226,7 @@ def build_translation_data(cfg, splits: Sequence[str] | None = None,
                            dictionaries: tuple[Dictionary, Dictionary] | None = None
                            ) -> TranslationData:
     """Read, segment and encode the corpus named by `cfg` (a DataConfig); no caching."""
-    directory = corpus_dir(cfg)
-    if not directory.is_dir():
-        raise CorpusError(f"corpus folder not found: {directory}")
+    directory = existing_corpus_dir(cfg)
     wanted = list(dict.fromkeys(splits or (cfg.train_split, cfg.valid_split, cfg.test_split)))
     need_train = dictionaries is None or cfg.bpe == "tokenizers"
     if need_train and cfg.train_split not in wanted:
@@ -300,7 +326,7 @@ def _key_parts(cfg, directory: Path, wanted: Sequence[str],
         "empty_lines": cfg.empty_lines,
         "max_positions": [cfg.max_source_positions, cfg.max_target_positions]}
     if cfg.bpe == "tokenizers":
-        import tokenizers
+        import tokenizers  # noqa: PLC0415 (heavy; only the tokenizers BPE needs its version)
         parts["bpe_merges"] = cfg.bpe_merges
         parts["tokenizers"] = tokenizers.__version__
     if cfg.bpe == "codes" and cfg.bpe_codes:
@@ -321,11 +347,9 @@ def load_translation_data(cfg, splits: Sequence[str] | None = None,
     """
     if cfg.name not in ("multi30k", "iwslt14", "custom"):
         raise CorpusError(f"load_translation_data does not handle data={cfg.name}")
-    from runner.data.cache import cached
+    from runner.data.cache import cached  # noqa: PLC0415 (numpy I/O; only loading needs it)
 
-    directory = corpus_dir(cfg)
-    if not directory.is_dir():
-        raise CorpusError(f"corpus folder not found: {directory}")
+    directory = existing_corpus_dir(cfg)
     wanted = list(dict.fromkeys(splits or (cfg.train_split, cfg.valid_split, cfg.test_split)))
     if (dictionaries is None or cfg.bpe == "tokenizers") and cfg.train_split not in wanted:
         wanted.insert(0, cfg.train_split)

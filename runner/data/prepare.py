@@ -1,6 +1,6 @@
 """`deepinit data prepare iwslt14|multi30k`: raw corpora to the text deepinit reads.
 
-iwslt14 reproduces fairseq's examples/translation/prepare-iwslt14.sh (methods 2.1) in Python:
+iwslt14 reproduces fairseq's examples/translation/prepare-iwslt14.sh in Python:
   train.tags.de-en.{de,en}: drop <url>/<talkid>/<keywords> lines, strip <title>/<description>
     tags, Moses tokenizer.perl -l LANG (sacremoses, with Moses' default XML escaping),
     clean-corpus-n.perl -ratio 1.5 1 175, lowercase.perl;
@@ -18,7 +18,8 @@ No downloads: the raw files must be supplied (`--raw`).
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
+import io
 import json
 import os
 import re
@@ -26,18 +27,18 @@ import tarfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from runner.data.corpus import CorpusError, decode_lines, default_data_root, read_lines
+from runner.data.corpus import CorpusError, decode_lines, default_corpus_dir, read_lines
 from runner.data.subword import SubwordNmtCodes, learn_bpe
 
 IWSLT14_URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"  # fairseq's mirror
 IWSLT14_ORIGINAL_URL = "https://wit3.fbk.eu/archive/2014-01/texts/de/en/de-en.tgz"  # WIT3 2014-01
 MULTI30K_URL = "https://github.com/multi30k/dataset (data/task1/raw/*.gz)"
-# methods 2.1 step 5: the order of the concatenated test set.
+# prepare-iwslt14.sh: the order of the concatenated test set.
 IWSLT14_TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
                      "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012")
-IWSLT14_CLEAN = {"ratio": 1.5, "min_len": 1, "max_len": 175}  # methods 2.1 step 2
-IWSLT14_VALID_EVERY = 23  # methods 2.1 step 4 (awk NR%23 == 0)
-IWSLT14_BPE_MERGES = 10000  # methods 2.1 step 6 (learn_bpe.py -s 10000)
+IWSLT14_CLEAN = {"ratio": 1.5, "min_len": 1, "max_len": 175}  # clean-corpus-n.perl -ratio 1.5 1 175
+IWSLT14_VALID_EVERY = 23  # prepare-iwslt14.sh: awk NR%23 == 0
+IWSLT14_BPE_MERGES = 10000  # prepare-iwslt14.sh: learn_bpe.py -s 10000
 MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr",
                    "test_2017_flickr": "test_2017_flickr", "test_2017_mscoco": "test_2017_mscoco",
                    "test_2018_flickr": "test_2018_flickr"}
@@ -81,7 +82,7 @@ def xml_segments(lines: Iterable[str]) -> list[str]:
 def moses_tokenize(lines: Iterable[str], lang: str) -> list[str]:
     """tokenizer.perl -l LANG: XML-escaped output (&apos; &quot; ...), no aggressive hyphen
     splitting; whitespace-only lines pass through unchanged as in the perl script."""
-    from sacremoses import MosesTokenizer
+    from sacremoses import MosesTokenizer  # noqa: PLC0415 (optional; only preparing needs it)
 
     tok = MosesTokenizer(lang=lang)
     return [line if not line.strip() else tok.tokenize(line, escape=True, return_str=True)
@@ -89,7 +90,7 @@ def moses_tokenize(lines: Iterable[str], lang: str) -> list[str]:
 
 
 def moses_normalize(lines: Iterable[str], lang: str) -> list[str]:
-    from sacremoses import MosesPunctNormalizer
+    from sacremoses import MosesPunctNormalizer  # noqa: PLC0415 (optional; only preparing needs it)
 
     norm = MosesPunctNormalizer(lang=lang)
     return [norm.normalize(line) for line in lines]
@@ -257,11 +258,7 @@ def prepare_iwslt14(raw_tgz: str | os.PathLike | None, out_dir: str | os.PathLik
 def _learn(lines: list[str], merges: int, learner: str) -> SubwordNmtCodes:
     if learner == "tokenizers":
         return learn_bpe(lines, merges)
-    import io
-
-    from subword_nmt.learn_bpe import learn_bpe as snmt_learn
-
-    import contextlib
+    from subword_nmt.learn_bpe import learn_bpe as snmt_learn  # noqa: PLC0415 (optional learner)
 
     out = io.StringIO()
     # subword-nmt draws a tqdm bar on stderr even with verbose=False; it is slow (about a minute
@@ -311,62 +308,7 @@ def prepare_multi30k(raw_dir: str | os.PathLike | None, out_dir: str | os.PathLi
 # --------------------------------------------------------------------------------------------
 # Command line
 
-_DEFAULT_MULTI30K_RAW = default_data_root() / "multi30k" / "raw"
-
-
-def main_prepare(argv: Sequence[str]) -> int:
-    """`deepinit data prepare iwslt14|multi30k --raw PATH --out DIR`; exit code 0 or 2."""
-    from rich.console import Console
-
-    console, err = Console(), Console(stderr=True)
-    parser = argparse.ArgumentParser(prog="deepinit data prepare",
-                                     description="Prepare a corpus from its raw files (no downloads).")
-    parser.add_argument("corpus", choices=["iwslt14", "multi30k"])
-    parser.add_argument("--raw", help="iwslt14: de-en.tgz; multi30k: the folder of raw/*.gz "
-                        f"(default for multi30k: {_DEFAULT_MULTI30K_RAW} when present)")
-    parser.add_argument("--out", help="output folder (default: data/CORPUS)")
-    parser.add_argument("--bpe-merges", type=int, default=IWSLT14_BPE_MERGES,
-                        help="iwslt14: joint BPE merges (default 10000, as fairseq)")
-    parser.add_argument("--bpe-learner", choices=["tokenizers", "subword-nmt"],
-                        default="tokenizers", help="iwslt14: which learner (default tokenizers)")
-    parser.add_argument("--codes", help="iwslt14: apply these subword-nmt codes instead of "
-                        "learning a BPE (e.g. fairseq's code file)")
-    try:
-        args = parser.parse_args(list(argv))
-    except SystemExit as e:
-        return 0 if e.code == 0 else 2
-    out = Path(args.out or Path("data") / args.corpus)
-
-    def progress(msg: str) -> None:
-        console.print(f"[dim]{msg}[/]")
-
-    try:
-        if args.corpus == "iwslt14":
-            counts = prepare_iwslt14(args.raw, out, bpe_merges=args.bpe_merges,
-                                     bpe_learner=args.bpe_learner, codes=args.codes,
-                                     progress=progress)
-        else:
-            raw = args.raw or (_DEFAULT_MULTI30K_RAW if _DEFAULT_MULTI30K_RAW.is_dir() else None)
-            counts = prepare_multi30k(raw, out, progress=progress)
-    except CorpusError as e:  # PrepareError and BPE/reading errors: one line, no traceback
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        return 2
-    except ValueError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        return 2
-    sizes = ", ".join(f"{k} {v}" for k, v in counts.items() if isinstance(v, int))
-    console.print(f"[green]prepared {args.corpus}[/] in {out}: {sizes}")
-    console.print(f"use it with: deepinit data={args.corpus} data.dir={out.resolve()}")
-    return 0
-
-
-def main_data(argv: Sequence[str]) -> int:
-    """`deepinit data prepare ...` (the CLI's `data` verb)."""
-    argv = list(argv)
-    if not argv or argv[0] != "prepare":
-        from rich.console import Console
-
-        Console(stderr=True).print("usage: deepinit data prepare iwslt14|multi30k --raw PATH "
-                                   "[--out DIR]", highlight=False)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return main_prepare(argv[1:])
+def default_multi30k_raw() -> Path:
+    """Where `deepinit data prepare multi30k` looks when --raw is not given: the raw/ folder of
+    the Multi30k copy under the data root (read from the environment at each call)."""
+    return default_corpus_dir("multi30k") / "raw"

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from runner.bleu import bleu_scores, detok_sacrebleu, remove_bpe, tokenized_bleu
+from runner.decode.scoring import bleu_scores, detok_sacrebleu, remove_bpe, tokenized_bleu
 
 HYPS = ["the cat sat on the mat", "a dog runs"]
 REFS = ["the cat sat on a mat .", "the dog runs fast"]

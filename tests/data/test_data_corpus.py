@@ -4,17 +4,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import needs_staged, staged_data
 
 from runner.config import DataConfig
 from runner.data.corpus import CorpusError, load_translation_data, read_lines, read_parallel
 from runner.data.dictionary import Dictionary
 from runner.data.subword import remove_bpe
-from runner.data.corpus import default_data_root
 
-SHARED_DATA = default_data_root()
-
-IWSLT = SHARED_DATA / "iwslt14-de-en-fairseq"
-M30K = SHARED_DATA / "multi30k" / "tok"
+IWSLT = staged_data("iwslt14-de-en-fairseq")
+M30K = staged_data("multi30k/tok")
+needs_iwslt = needs_staged("iwslt14-de-en-fairseq", "staged IWSLT'14 data")
+needs_m30k = needs_staged("multi30k/tok", "staged Multi30k tok/ files")
 
 
 def _write(path: Path, lines, gz=False):
@@ -138,7 +138,7 @@ def _m30k_slice(root: Path, n_train=400, n_eval=60):
     return root
 
 
-@pytest.mark.skipif(not M30K.is_dir(), reason="staged Multi30k data not present")
+@needs_m30k
 def test_multi30k_slice_with_learned_bpe(tmp_path):
     root = _m30k_slice(tmp_path / "m30k")
     cfg = DataConfig(name="multi30k", dir=str(root), bpe="tokenizers", bpe_merges=300,
@@ -158,7 +158,7 @@ def test_multi30k_slice_with_learned_bpe(tmp_path):
     assert "train" not in data.references
 
 
-@pytest.mark.skipif(not M30K.is_dir(), reason="staged Multi30k data not present")
+@needs_m30k
 def test_multi30k_separate_dictionaries(tmp_path):
     root = _m30k_slice(tmp_path / "m30k", n_train=200, n_eval=20)
     cfg = DataConfig(name="multi30k", dir=str(root), joined_dictionary=False)
@@ -169,7 +169,7 @@ def test_multi30k_separate_dictionaries(tmp_path):
     assert data.bpe_symbol is None  # word-level text without markers
 
 
-@pytest.mark.skipif(not IWSLT.is_dir(), reason="staged IWSLT'14 data not present")
+@needs_iwslt
 def test_iwslt14_missing_train_is_explained():
     with pytest.raises(CorpusError) as e:
         load_translation_data(DataConfig(name="iwslt14"), use_cache=False)
@@ -178,7 +178,7 @@ def test_iwslt14_missing_train_is_explained():
     assert "deepinit data prepare iwslt14 --raw" in msg
 
 
-@pytest.mark.skipif(not IWSLT.is_dir(), reason="staged IWSLT'14 data not present")
+@needs_iwslt
 def test_iwslt14_test_references_are_the_pre_bpe_text():
     with gzip.open(IWSLT / "valid.de.gz", "rt", encoding="utf-8") as f:
         de = f.read().split("\n")
@@ -195,14 +195,14 @@ def test_iwslt14_test_references_are_the_pre_bpe_text():
     assert remove_bpe("it &apos;s that pyrami@@ d .") == "it &apos;s that pyramid ."
 
 
-@pytest.mark.skipif(not M30K.is_dir(), reason="staged Multi30k data not present")
+@needs_m30k
 @pytest.mark.parametrize("group", ["multi30k", "iwslt14", "custom"])
 def test_conf_data_groups_compose_and_load(tmp_path, group):
     import os
 
     from hydra import compose, initialize_config_dir
 
-    from runner.config import register_schemas
+    from runner.cli.compose import register_schemas
 
     register_schemas()
     conf = Path(__file__).resolve().parents[2] / "conf"

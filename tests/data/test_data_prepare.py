@@ -7,23 +7,30 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import needs_staged, staged_data
 
+from runner.cli.data import main as main_data
+from runner.cli.data import main_prepare
 from runner.config import DataConfig
 from runner.data.corpus import load_translation_data, read_lines
-from runner.data.prepare import (PrepareError, clean_corpus, main_data, main_prepare,
-                                 prepare_iwslt14, prepare_multi30k, split_every, xml_segments)
+from runner.data.prepare import (
+    PrepareError,
+    clean_corpus,
+    prepare_iwslt14,
+    prepare_multi30k,
+    split_every,
+    xml_segments,
+)
 from runner.data.subword import remove_bpe
-from runner.data.corpus import default_data_root
 
-SHARED_DATA = default_data_root()
-
-SHARED = SHARED_DATA
-M30K = SHARED / "multi30k"
-IWSLT = SHARED / "iwslt14-de-en-fairseq"
+M30K = staged_data("multi30k")
+IWSLT = staged_data("iwslt14-de-en-fairseq")
+needs_iwslt = needs_staged("iwslt14-de-en-fairseq", "staged IWSLT'14 data")
+needs_m30k = needs_staged("multi30k", "staged Multi30k data")
 quiet = dict(progress=lambda msg: None)
 
 
-@pytest.mark.skipif(not M30K.is_dir(), reason="staged Multi30k data not present")
+@needs_m30k
 def test_multi30k_prepare_reproduces_upstream_tokenized_files(tmp_path):
     counts = prepare_multi30k(M30K / "raw", tmp_path / "out", max_lines=400, **quiet)
     assert counts["train"] == counts["valid"] == counts["test"] == 400
@@ -46,7 +53,7 @@ def test_clean_corpus_follows_clean_corpus_n():
     assert dropped == 3  # ratio 2, 176 tokens, empty source
 
 
-@pytest.mark.skipif(not IWSLT.is_dir(), reason="staged IWSLT'14 data not present")
+@needs_iwslt
 def test_fairseq_valid_pairs_all_pass_the_clean_step():
     de = read_lines(IWSLT / "tmp" / "valid.de.gz")
     en = read_lines(IWSLT / "tmp" / "valid.en.gz")

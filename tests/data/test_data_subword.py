@@ -5,17 +5,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import needs_staged, staged_data
 
 from runner.data.dictionary import Dictionary
 from runner.data.subword import BPEError, SubwordNmtCodes, learn_bpe, remove_bpe
-from runner.data.corpus import default_data_root
 
-SHARED_DATA = default_data_root()
-
-IWSLT = SHARED_DATA / "iwslt14-de-en-fairseq"
-M30K = SHARED_DATA / "multi30k" / "tok"
-needs_iwslt = pytest.mark.skipif(not IWSLT.is_dir(), reason="staged IWSLT'14 data not present")
-needs_m30k = pytest.mark.skipif(not M30K.is_dir(), reason="staged Multi30k data not present")
+IWSLT = staged_data("iwslt14-de-en-fairseq")
+M30K = staged_data("multi30k/tok")
+needs_iwslt = needs_staged("iwslt14-de-en-fairseq", "staged IWSLT'14 data")
+needs_m30k = needs_staged("multi30k/tok", "staged Multi30k tok/ files")
 
 
 def _gz_text(path: Path) -> str:
@@ -98,7 +96,7 @@ def test_learned_bpe_is_deterministic_across_processes():
     # tokenizers' trainer breaks count ties by hash-ordered ids unless word-final symbols are
     # remapped (see subword.py); a fresh interpreter gets a fresh hash seed.
     script = ("import gzip,hashlib;from runner.data.subword import learn_bpe;"
-              f"p='{SHARED_DATA}/multi30k/tok/train.lc.norm.tok.{{}}.gz';"
+              f"p={str(M30K / 'train.lc.norm.tok.{}.gz')!r};"
               "L=[l for g in 'de en'.split() for l in gzip.open(p.format(g),'rt',encoding='utf-8')"
               ".read().split(chr(10))[:3000]];"
               "print(hashlib.sha256(learn_bpe(L,800).text.encode()).hexdigest())")
