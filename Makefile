@@ -40,7 +40,7 @@ train:
 clean:
 	rm -rf build dist *.egg-info .pytest_cache
 
-# A real result on CPU (issue 4): a 256-512-4, 3+3-layer Pre-LN model on Multi30k De->En,
+# A real result on CPU: a 256-512-4, 3+3-layer Pre-LN model on Multi30k De->En,
 # sized for under 40 minutes on 2 cores (1,600 updates of 4,096 tokens, about 15 epochs), then
 # beam-5 tokenized BLEU on test2016 with the last 5 checkpoints averaged (result.json and eval/
 # in the run folder).

@@ -2,9 +2,10 @@
 
 Every measurement trains with the real train loop (runner/train/loop.py) in a fresh child process
 (clean peak memory, no state carried between entries) on the peer's training stream: the
-IWSLT'14 de-en sentences that ../shared/tools/peer/peer_train_bench.sh gives fairseq (valid +
-test lines 501.., decoding on test lines 1..500), with the peer's vocabularies (all types, or
-the 1000 most frequent per side). Without that data, Zipf text with IWSLT-like lengths is used.
+IWSLT'14 de-en BPE sentences (the staged `iwslt14-de-en-fairseq` folder under the data root)
+that the fairseq peer script trains on (valid + test lines 501.., decoding on test lines
+1..500), with the peer's vocabularies (all types, or the 1000 most frequent per side). Without
+that data, Zipf text with IWSLT-like lengths is used.
 
     deepinit bench                        presets tiny, small, ci (+ base on CUDA) and depth scaling
     deepinit bench --quick                a few updates of everything (smoke test)
@@ -37,13 +38,12 @@ from rich.table import Table
 
 from runner.config import Config
 from runner.console import console
+from runner.data.corpus import default_corpus_dir
 from runner.decode.search import decode_throughput
 from runner.run.build import build_run
 from runner.train.loop import Callback, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
-IWSLT_DIR = REPO.parent / "shared" / "data" / "iwslt14-de-en-fairseq"
-PEER_TOOLS = REPO.parent / "shared" / "tools" / "peer"
 DECODE_SENTENCES = 500  # the peer decodes test lines 1..500
 
 # The fairseq IWSLT'14 recipe the peer trains with (peer_train_bench.sh COMMON): Adam
@@ -121,7 +121,7 @@ def preset_entry(name: str, args, peer: bool = False) -> Entry:
 
 
 def depth_entry(layers: int, checkpointing: bool, args) -> Entry:
-    # T-Fixup's ultra-deep width without any norm (methods 3.2: norm=none, no warmup).
+    # T-Fixup's ultra-deep width without any norm (Huang et al. 2020, Sec. 4.2: norm=none, no warmup).
     model = ["model=ultradeep", f"model.layers={layers}", "norm=none", "init=tfixup",
              "warmup=none", f"model.activation_checkpointing={str(checkpointing).lower()}"]
     warmup, steps = (1, 1) if args.quick else (1, 3)
@@ -165,10 +165,17 @@ def _top_types(lines: list[str], n: int) -> set[str]:
     return {tok for tok, _ in ranked[:n]}
 
 
-def write_corpus(root: Path, vocab: Optional[int], source: Path = IWSLT_DIR) -> Path:
+def iwslt_dir() -> Path:
+    """The staged IWSLT'14 de-en BPE text under the data root ($DEEPINIT_DATA_ROOT)."""
+    return default_corpus_dir("iwslt14")
+
+
+def write_corpus(root: Path, vocab: Optional[int], source: Optional[Path] = None) -> Path:
     """A data=custom folder with the peer's stream: train = IWSLT'14 valid + test lines 501..,
     valid = test = test lines 1..500. vocab=N keeps the N-4 most frequent types per side and
-    writes the rest as <unk> (fairseq-preprocess --nwordssrc/--nwordstgt N)."""
+    writes the rest as <unk> (fairseq-preprocess --nwordssrc/--nwordstgt N). `source` defaults
+    to the staged IWSLT'14 folder under the data root; without it, synthetic text."""
+    source = iwslt_dir() if source is None else source
     name = f"{'iwslt' if (source / 'valid.de.gz').is_file() else 'synthetic'}-{vocab or 'all'}"
     out = root / name
     if (out / ".done").is_file():
@@ -538,6 +545,8 @@ def run_peer(config: str, args, decode: bool) -> dict:
 
 
 def peer_ready(args) -> Optional[str]:
+    if args.peer_tools is None:
+        return "--peer needs --peer-tools DIR (the folder of peer_train_bench.sh)"
     script = args.peer_tools / "peer_train_bench.sh"
     if not script.is_file():
         return f"no peer tooling at {args.peer_tools} (set --peer-tools)"
@@ -547,7 +556,8 @@ def peer_ready(args) -> Optional[str]:
     return None
 
 
-TARGETS = {"tokens_per_s": 1.3, "beam5_sentences_per_s": 1.5}  # issue 7
+# the speed-up over fairseq (deepinit / fairseq) that deepinit aims for (docs/performance.md)
+TARGETS = {"tokens_per_s": 1.3, "beam5_sentences_per_s": 1.5}
 
 
 def peer_comparison(args, work: Path, peak: dict) -> dict:

@@ -11,7 +11,8 @@ that have not finished: the trainer skips finished ones). Finished cells are the
 paper's numbers beside ours and written to `reproduction.md` in the sweep folder.
 
 Extra overrides apply to every cell; one that names a swept axis replaces its values (e.g.
-`model.layers=6,20,50` caps the depth scan). Paper numbers: shared/reference/results.md.
+`model.layers=6,20,50` caps the depth scan). Paper numbers: the constants below, each with its
+paper's table or figure.
 """
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def _sweeps_dir() -> Path:
 
 
 # ----------------------------------------------------------------------------- paper numbers
-# results.md, Admin paper Table 2 (BLEU; None = "failed", training diverged); (mean, std or None)
+# Liu et al. 2020 (Understanding the Difficulty of Training Transformers, EMNLP), Table 2
+# (BLEU; None = "failed", training diverged); (mean, std or None)
 TABLE2_PAPER: dict[str, dict[str, Optional[tuple[float, Optional[float]]]]] = {
     "IWSLT'14 De-En, 6L-6L small": {"post_ln": (35.64, 0.23), "pre_ln": (35.50, 0.04),
                                     "admin": (35.67, 0.15)},
@@ -80,13 +82,15 @@ TABLE2_PAPER: dict[str, dict[str, Optional[tuple[float, Optional[float]]]]] = {
 TABLE2_WMT_ROW = {6: "WMT'14 En-De, 6L-6L base", 12: "WMT'14 En-De, 12L-12L base",
                   18: "WMT'14 En-De, 18L-18L base"}
 METHODS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "admin": "Admin"}
-# results.md, Admin no-warmup grid: diverged cells of 15 per method
+# Liu et al. 2020, Fig. 10, the no-warmup grid: diverged cells of 15 per method
 GRID_PAPER_DIVERGED = {"post_ln": 7, "pre_ln": 0, "admin": 0}
 GRID_PAPER_NOTE = {"post_ln": "beats Pre-LN in 7 of its 8 converged cells",
                    "pre_ln": "converges in all 15", "admin": "converges in all 15, beats Pre-LN"}
-# results.md, T-Fixup slides (Fig. 4b): IWSLT'14 De-En 64-128-2, first 50k updates
+# Huang et al. 2020 (T-Fixup, ICML), Fig. 4(b) and its talk slides: IWSLT'14 De-En 64-128-2,
+# first 50k updates
 TFIXUP_DEPTH_PAPER = {6: 25.35, 20: 28.29, 50: 29.28, 100: 28.98, 200: 27.65}
-# results.md, Lipschitz Tables 1 and 3, WMT'14 En-De (None = failed to converge)
+# Xu et al. 2020 (Lipschitz Constrained Parameter Initialization for Deep Transformers, ACL),
+# Tables 1 and 3, WMT'14 En-De (None = failed to converge)
 LIPSCHITZ_PAPER: dict[tuple[str, str], dict[int, Optional[float]]] = {
     ("order_v1", "xavier"): {6: 27.77, 12: None, 18: None, 24: None},
     ("order_v1", "lipschitz"): {6: 27.96, 12: 28.67, 18: 29.05, 24: 29.46},
@@ -148,11 +152,13 @@ IWSLT_HINT = ("the prepared IWSLT'14 De-En folder with a train split: "
               "`deepinit data prepare iwslt14 --raw PATH/de-en.tgz --out DIR`, then "
               "DEEPINIT_IWSLT14_DIR=DIR (docs/data.md)")
 WMT_HINT = ("a prepared, BPE'd WMT'14 En-De folder with {train,valid,test}.{en,de} "
-            "(methods 4.6: joint BPE 32k, newstest2013 valid, newstest2014 test), then "
+            "(as Transformer-Clinic pre-process/wmt14en-de.sh: joint BPE 32k, newstest2013 valid, "
+            "newstest2014 test), then "
             "DEEPINIT_WMT14_DIR=DIR")
 # CPU scale: greedy decoding of the last checkpoint (cheap); paper scale: the papers' protocol
-# (methods 2.3: Admin IWSLT beam 5 lenpen 1, WMT beam 4 lenpen 0.6; T-Fixup beam 4 lenpen 0.3;
-# each the average of the last 10 checkpoints).
+# (Admin IWSLT beam 5 lenpen 1, WMT beam 4 lenpen 0.6: Transformer-Clinic nmt-experiments/eval_*.sh;
+# T-Fixup beam 4 lenpen 0.3: layer6ai-labs/T-Fixup InferenceIWSLT.py; each the average of the last
+# 10 checkpoints).
 CPU_EVAL = dict(beam=1, lenpen=1.0, average_last=0)
 
 
@@ -277,8 +283,8 @@ def _fmt_time(s: float) -> str:
 
 
 def metric_for(scale: str) -> str:
-    # CPU scale is compared by validation loss (methods: pattern, not absolute BLEU); the paper
-    # scale by BLEU, the papers' metric.
+    # CPU scale is compared by validation loss (a reduced model reproduces the pattern, not
+    # absolute BLEU); the paper scale by BLEU, the papers' metric.
     return "best_valid_loss" if scale == "cpu" else "bleu"
 
 
@@ -428,8 +434,8 @@ def render_table2(o: Outcome) -> str:
                     fmt_ours(_select(wmt, method=m, **{"model.layers": L}), o.scale)]
         rows.append(row)
     header = ["setting"] + [f"{name} {who}" for name in METHODS.values() for who in ("(paper)", "(ours)")]
-    # the pattern the paper shows (issue 6): Post-LN fails deep, Pre-LN and Admin train at every
-    # depth, Admin at least as good as Pre-LN
+    # the pattern the Admin paper's Table 2 shows: Post-LN fails deep, Pre-LN and Admin train at
+    # every depth, Admin at least as good as Pre-LN
     deep = max(depths) if depths else None
     if deep is not None:
         checks.append((f"Post-LN fails at {deep} layers",
@@ -479,7 +485,8 @@ def render_grid(o: Outcome) -> str:
         sel = _select(cells, method=m)
         if not sel:
             continue
-        blocks += [f"### {name}: {metric} (beta2 x lr, \"failed\" = diverged, \"stalled\" = ended at the unigram plateau)", "",
+        blocks += [f"### {name}: {metric} (beta2 x lr, \"failed\" = diverged, "
+                   "\"stalled\" = ended at the unigram plateau)", "",
                    _grid_map(sel, metric), ""]
         div = sum(c.status in DIVERGED_OR_CRASHED for c in sel)
         stalled = sum(c.status == "stalled" for c in sel)
@@ -735,7 +742,8 @@ def run(args) -> int:
         slots = parallel if launcher == "local" else 1
         print(f"\nestimated wall time of the unfinished cells: "
               f"~{_fmt_time(estimate_wall_s(costs, slots))} on {slots} core(s) of an idle machine "
-              f"({SEC_PER_LAYER_UPDATE} s per layer-update of {TOY_MAX_TOKENS} tokens, {CELL_OVERHEAD_S:.0f} s per cell), "
+              f"({SEC_PER_LAYER_UPDATE} s per layer-update of {TOY_MAX_TOKENS} tokens, "
+              f"{CELL_OVERHEAD_S:.0f} s per cell), "
               "plus greedy scoring")
     if problems:
         print("\nSCALE=paper cannot run here:", file=sys.stderr)

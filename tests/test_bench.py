@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from runner.bench import IWSLT_DIR, fairseq_generate_batches, summarize_pair, train_flops, write_corpus
+from runner.bench import fairseq_generate_batches, iwslt_dir, summarize_pair, train_flops, write_corpus
 from runner.cli.bench import main as main_bench
 
 
@@ -62,11 +62,11 @@ def test_fairseq_generate_batches_on_the_peer_test_set():
     source widths, and the 4 longest sentences (lines 2, 8, 83, 107) never decoded."""
     import gzip
 
-    if not (IWSLT_DIR / "test.de.gz").is_file():
+    if not (iwslt_dir() / "test.de.gz").is_file():
         pytest.skip("IWSLT'14 text not present")
     lengths = {}
     for lang in ("de", "en"):
-        with gzip.open(IWSLT_DIR / f"test.{lang}.gz", "rt", encoding="utf-8") as f:
+        with gzip.open(iwslt_dir() / f"test.{lang}.gz", "rt", encoding="utf-8") as f:
             lines = f.read().split("\n")[:500]
         lengths[lang] = np.array([len(line.split()) + 1 for line in lines])  # + eos
     batches = fairseq_generate_batches(lengths["de"], lengths["en"], 4096, 128)

@@ -2,9 +2,10 @@
 
 Built on hydra-submitit-launcher's local launcher, which pickles each Hydra job, runs it in a
 subprocess and reruns it in place on a timeout. What differs: submitit's local executor starts
-every job at once and gives each one `CUDA_VISIBLE_DEVICES=0..k-1` (infra.md section 4), so this
-launcher submits a cell only when a slot of disjoint GPUs is free and exports that slot's devices
-to the cell itself (runner/sweep/gpus.py holds the assignment logic).
+every job at once and gives each one `CUDA_VISIBLE_DEVICES=0..k-1` (submitit/local/local.py,
+facebookresearch/hydra#2757), so this launcher submits a cell only when a slot of disjoint GPUs is
+free and exports that slot's devices to the cell itself (runner/sweep/gpus.py holds the assignment
+logic).
 """
 from __future__ import annotations
 

@@ -165,10 +165,6 @@ def parse_ints(text: str) -> list[int]:
     return values
 
 
-def write_json(path: Path, obj: Any) -> None:
-    folder.write_json(path, obj, indent=1)
-
-
 def pyplot():
     """matplotlib's pyplot on the Agg backend (imported on first plot: it is slow to load)."""
     import matplotlib  # noqa: PLC0415

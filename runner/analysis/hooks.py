@@ -1,8 +1,8 @@
 """Forward/backward recorders for the analysis commands.
 
 They attach to the model's typed surface (`model.sublayers()`, the Sublayer slots `dropout` and
-`post_norm`, the encoder embedder) with PyTorch hooks and never change model code
-(architecture.md principle 2). Everything recorded is detached, so the hooks cannot alter the
+`post_norm`, the encoder embedder) with PyTorch hooks and never change model code or select
+tensors by parameter name. Everything recorded is detached, so the hooks cannot alter the
 computation they observe; `remove()` (or leaving the `with` block) takes them all off.
 """
 from __future__ import annotations

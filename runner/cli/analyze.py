@@ -12,6 +12,7 @@ from runner.analysis import DEFAULT_CONFIGS, common, dependency, early_training,
 from runner.cli.compose import compose
 from runner.config import ConfigError
 from runner.data.corpus import CorpusError
+from runner.run import folder
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,7 +112,7 @@ def main(argv: list[str]) -> int:
             mod.plot_ln_norms(result, pngs[1])
         tables = mod.summary(result)
         result["command"] = ["deepinit", "analyze", *argv]
-        common.write_json(out / f"{stem}.json", result)
+        folder.write_json(out / f"{stem}.json", result, indent=1)
     except (ConfigError, CorpusError) as err:
         sys.stderr.write(f"deepinit: error: {err}\n")
         return 2

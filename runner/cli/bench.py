@@ -39,7 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="only the side-by-side: deepinit and fairseq alternating (make bench-peer)")
     p.add_argument("--peer-configs", nargs="*", default=list(bench.PEER_CONFIGS),
                    choices=list(bench.PEER_CONFIGS))
-    p.add_argument("--peer-tools", type=Path, default=bench.PEER_TOOLS)
+    p.add_argument("--peer-tools", type=Path, default=None,
+                   help="--peer: the folder of peer_setup.sh / peer_train_bench.sh (make bench-peer "
+                        "passes PEER_TOOLS)")
     p.add_argument("--reps", type=int, default=3, help="--peer: alternating runs per configuration")
     p.add_argument("--decode-reps", type=int, default=3,
                    help="--peer: how many of the runs also decode (default: all three, since one "

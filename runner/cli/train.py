@@ -50,7 +50,8 @@ def split_args(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def folder_name(overrides: list[str], default: str) -> str:
-    """A run/sweep folder named by its overrides (architecture.md: never by a timestamp)."""
+    """A run/sweep folder named by its overrides, never by a timestamp: the same command finds
+    the same folder again (resume, skip finished cells)."""
     kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(_NAME_EXCLUDED))
     name = ",".join(o.lstrip("+") for o in kept) or default
     name = re.sub(r"[^A-Za-z0-9_.,=+\-@:\[\]]", "_", name)

@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 @dataclass
 class ModelConfig:
-    """Encoder-decoder Transformer (methods 1.1). `layers` sets both stacks unless
-    `encoder_layers` / `decoder_layers` are given."""
+    """Encoder-decoder Transformer (fairseq's transformer_iwslt_de_en / base_architecture).
+    `layers` sets both stacks unless `encoder_layers` / `decoder_layers` are given."""
 
     preset: str = "tiny"
     dim: int = 64
@@ -27,16 +27,18 @@ class ModelConfig:
     activation_dropout: float = 0.0
     # none: separate input/output matrices; decoder_io: tie decoder input and output
     # (--share-decoder-input-output-embed); all: tie encoder, decoder and output
-    # (--share-all-embeddings, needs a joined dictionary). Methods 1.3.
+    # (--share-all-embeddings, needs a joined dictionary).
     share_embeddings: str = "all"
-    embed_scale: bool = True  # multiply token embeddings by sqrt(dim) (methods 1.3)
+    embed_scale: bool = True  # multiply token embeddings by sqrt(dim) (fairseq's embed_scale)
     # standard: the fairseq parameterization; ntk: unit-variance weights with outputs scaled by
-    # 1/sqrt(fan_in) (seed 004, section "NTK parameterization").
+    # 1/sqrt(fan_in), an option of this tool after Su 2021, kexue.fm/archives/8620,
+    # "NTK Parameterization".
     parameterization: str = "standard"
     # standard: logits / sqrt(head_dim); t5: no 1/sqrt(head_dim) in the logits; instead q and k
     # each get their init variance divided by sqrt(head_dim), so q.k loses a factor head_dim.
     attention: str = "standard"
-    # Biases of q/k/v at init: zero (CLN) or torch_default (TFX); methods 1.4.
+    # Biases of q/k/v at init: zero (LiyuanLucasLiu/Transformer-Clinic) or torch_default
+    # (layer6ai-labs/T-Fixup), as their fairseq/modules/multihead_attention.py set them.
     qkv_bias_init: str = "zero"
     max_positions: int = 1024
     activation_checkpointing: bool = False
@@ -52,7 +54,7 @@ class ModelConfig:
 
 @dataclass
 class NormConfig:
-    """Norm placement (methods 1.2) and kind. The slot table per placement is in
+    """Norm placement (fairseq's normalize_before) and kind. The slot table per placement is in
     runner/model/sublayer.py."""
 
     placement: str = "post"  # post | pre | none | sandwich
@@ -66,7 +68,7 @@ class NormConfig:
     # sandwich, off for post and none).
     final_norm: Optional[bool] = None
     # A norm on the embedding sum before the first layer: with post it gives the Lipschitz
-    # paper's "v1" computation order (methods 5.2).
+    # paper's "v1" computation order (Xu et al. 2020, Fig. 1).
     embedding_norm: bool = False
 
 
@@ -79,22 +81,23 @@ class InitConfig:
     # admin: how omega is held: vector (trainable d-vector, the reference), scalar (trainable),
     # constant (buffer). admin_torch uses the same field.
     omega: str = "vector"
-    # admin_torch: O(logn) | O(1) | O(n) (methods 4.3)
+    # admin_torch: O(logn) | O(1) | O(n) (microsoft/admin-torch, admin_torch/admin.py)
     output_change_scale: str = "O(logn)"
-    # lipschitz: bound = scale * sqrt(1/fan_in) (methods 5.1)
+    # lipschitz: bound = scale * sqrt(1/fan_in) (hfxunlp/transformer utils/init/base.py)
     lipschitz_scale: float = 1.0
-    # ds_init: paper (l^-1/2, default) | code (l^-1/4) (methods 6)
+    # ds_init: paper (l^-1/2, default) | code (l^-1/4, bzhangGo/zero)
     ds_init_form: str = "paper"
     ds_init_gain: float = 1.0
-    # deepnorm: paper (0.87, default) | torchscale (1.15) (methods 7)
+    # deepnorm: paper (0.87, default) | torchscale (1.15, microsoft/torchscale)
     deepnorm_variant: str = "paper"
-    # rezero ramp: alpha rises by this step per update until 1 (seed 004); 0 = learned alpha.
+    # rezero ramp: alpha rises by this step per update until 1 (Su 2021, kexue.fm/archives/8620);
+    # 0 = learned alpha.
     alpha_ramp_step: float = 0.0
 
 
 @dataclass
 class OptimConfig:
-    """Optimizer (methods 9). beta1/beta2 are separate fields so a sweep can vary one."""
+    """Optimizer (runner/train/optim.py). beta1/beta2 are separate fields so a sweep can vary one."""
 
     name: str = "adam"  # adam | radam | sgd
     lr: float = 5e-4
@@ -104,19 +107,20 @@ class OptimConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0  # 0 disables clipping (fairseq semantics)
     momentum: float = 0.0  # sgd only
-    # radam: admin (no update while rho_t < 5, decoupled decay every step), sgd_fallback
-    # (SGD-momentum while rho_t < 5), torch (torch.optim.RAdam, rho_t > 5); methods 9.2.
+    # radam: admin (no update while rho_t < 5, decoupled decay every step; Transformer-Clinic
+    # radam_fairseq/radam.py), sgd_fallback (SGD-momentum while rho_t < 5; LiyuanLucasLiu/RAdam),
+    # torch (torch.optim.RAdam, rho_t > 5).
     radam_mode: str = "admin"
     fused: Optional[bool] = None  # null: fused kernels on CUDA and CPU (AdamW, SGD)
 
 
 @dataclass
 class ScheduleConfig:
-    """Learning-rate schedule after warmup (methods 10)."""
+    """Learning-rate schedule after warmup (fairseq lr_scheduler semantics)."""
 
     name: str = "inverse_sqrt"  # inverse_sqrt | linear | constant
     # inverse_sqrt with warmup.updates = 0: lr(t) = lr * sqrt(D / (D + t)) (T-Fixup's
-    # inverse_sqrt_nowarmup, TFX --decay-period 4000).
+    # inverse_sqrt_nowarmup, --decay-period 4000 in layer6ai-labs/T-Fixup Train_IWSLT_TFixup_example.sh).
     decay_period: int = 4000
     min_lr: float = 0.0  # linear: decay to this value at trainer.max_updates
 
@@ -205,7 +209,8 @@ class TrainerConfig:
     progress: Optional[bool] = None  # null: a live bar when the console is a terminal
     tensorboard: bool = True
     # evaluation (runner/evaluate.py, docs/evaluation.md). In-training decoding uses fairseq's
-    # --eval-bleu settings (methods 2.3: beam 5, max_len_a 1.2, max_len_b 10).
+    # --eval-bleu settings (fairseq examples/translation/README.md:
+    # beam 5, max_len_a 1.2, max_len_b 10).
     valid_bleu: bool = False  # tokenized BLEU of the valid split at every validation
     # none | loss | bleu (bleu implies valid_bleu): keep checkpoint_best.pt at the best validation
     best_checkpoint_metric: str = "none"

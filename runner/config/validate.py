@@ -103,7 +103,7 @@ def validate(cfg: Any) -> None:
     if cfg.schedule.min_lr < 0:
         raise ConfigError(
             f"schedule.min_lr={cfg.schedule.min_lr}: expected >= 0 (a negative min_lr makes the "
-            "linear schedule's lr negative, methods 4.5)")
+            "linear schedule's lr negative)")
     if cfg.schedule.min_lr > optim.lr:
         raise ConfigError(f"schedule.min_lr={cfg.schedule.min_lr}: expected <= optim.lr={optim.lr}")
     if cfg.schedule.decay_period <= 0:

@@ -24,7 +24,7 @@ from subword_nmt.apply_bpe import BPE as _SubwordNmtBPE
 
 BPE_SYMBOL = "@@ "  # what fairseq's --remove-bpe strips (subword-nmt's separator plus a space)
 END_OF_WORD = "</w>"
-CODES_HEADER = "#version: 0.2\n"  # subword-nmt >= 0.2 codes; methods 2.1 step 6
+CODES_HEADER = "#version: 0.2\n"  # the header subword-nmt >= 0.2 writes on its codes files
 # Supplementary Private Use Area-A: 65,534 code points, never produced by tokenizers or Moses.
 _PUA_START, _PUA_END = 0xF0000, 0xFFFFD
 

@@ -1,8 +1,9 @@
 """The two BLEU scores deepinit reports, labelled so they are never confused.
 
-- `tokenized_bleu`: the papers' number (methods 2.3): corpus BLEU-4 on the tokenized, lowercased
-  text with BPE removed, as multi-bleu.perl and fairseq's internal scorer compute it: no
-  tokenization, no smoothing (a zero n-gram precision gives 0), brevity penalty exp(1 - r/c).
+- `tokenized_bleu`: the papers' number (what `fairseq-generate --remove-bpe` prints): corpus
+  BLEU-4 on the tokenized, lowercased text with BPE removed, as multi-bleu.perl and fairseq's
+  internal scorer compute it: no tokenization, no smoothing (a zero n-gram precision gives 0),
+  brevity penalty exp(1 - r/c).
 - `detok_sacrebleu`: hypotheses and references detokenized with sacremoses, then standard
   sacreBLEU (13a tokenization); comes with its signature.
 """

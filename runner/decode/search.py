@@ -1,6 +1,7 @@
 """Greedy and beam search over a whole split.
 
-Beam search follows fairseq's SequenceGenerator (methods 2.3: beam 5, lenpen 1):
+Beam search follows fairseq's SequenceGenerator (fairseq/sequence_generator.py; default beam 5,
+lenpen 1 as Admin's eval, Transformer-Clinic nmt-experiments/eval_iwslt_de-en.sh):
 - scores are summed log-probabilities; a finished hypothesis is ranked by score / len**lenpen,
   len counting the final eos;
 - each step takes the 2*beam best (beam, token) candidates of a sentence; an eos among the top

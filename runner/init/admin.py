@@ -1,7 +1,8 @@
-"""`init=admin`: Admin (Liu et al., EMNLP 2020), the profiling form of the CLN fork (methods 4.2)
-done in one run: the default Xavier model, then one forward+backward of the first training batch
-in train mode that sets each sublayer's shortcut scale omega from the running output variance.
-No update happens; the gradients are dropped."""
+"""`init=admin`: Admin (Liu et al., EMNLP 2020, Understanding the Difficulty of Training Transformers,
+Sec. 4.3) in the profiling form of LiyuanLucasLiu/Transformer-Clinic (init_type adaptive-profiling,
+fairseq/fairseq/modules/transformer_layer.py), done in one run: the default Xavier model, then one
+forward+backward of the first training batch in train mode that sets each sublayer's shortcut scale
+omega from the running output variance. No update happens; the gradients are dropped."""
 from __future__ import annotations
 
 import math
@@ -15,21 +16,21 @@ from runner.model.sublayer import ResidualSpec
 
 
 def residual_for(omega_mode: str) -> ResidualSpec:
-    """init.omega: vector = trainable d-vector (CLN), scalar = one trainable scalar per
-    sublayer, constant = a fixed d-vector (not trained)."""
+    """init.omega: vector = trainable d-vector (Transformer-Clinic), scalar = one trainable scalar
+    per sublayer, constant = a fixed d-vector (not trained)."""
     return ResidualSpec(omega_trainable=omega_mode != "constant",
                         omega_vector=omega_mode != "scalar")
 
 
 def population_var(t: torch.Tensor) -> float:
-    # np.var over every element of the flattened tensor, padding included, in fp32 (methods 4.2)
+    # np.var over every element of the flattened tensor, padding included, in fp32 (Transformer-Clinic)
     return float(t.detach().float().reshape(-1).var(unbiased=False))
 
 
 class Profiler:
-    """Forward hooks that run the CLN profiling walk while the model computes: before sublayer
-    k, omega_k := acc; after it, acc := sqrt(Var[omega_k * x_in] + Var[F_k(x_in)]), with one
-    accumulator per stack starting at 1."""
+    """Forward hooks that run the Transformer-Clinic profiling walk while the model computes:
+    before sublayer k, omega_k := acc; after it, acc := sqrt(Var[omega_k * x_in] + Var[F_k(x_in)]),
+    with one accumulator per stack starting at 1."""
 
     def __init__(self, model):
         self.acc = {"encoder": 1.0, "decoder": 1.0}
@@ -106,6 +107,7 @@ def apply_admin(model, cfg, batch) -> dict:
         raise ValueError("init=admin profiles the first training batch: pass it to apply()")
     fairseq_xavier(model, cfg)
     omegas = profile(model, cfg, batch)
-    return {"rule": "Admin profiling (methods 4.2), one forward+backward of the first batch, "
-                    "train mode, no update",
+    return {"rule": "Admin profiling (Liu et al. 2020, Sec. 4.3; Transformer-Clinic "
+                    "fairseq/fairseq/modules/transformer_layer.py), one forward+backward of the "
+                    "first batch, train mode, no update",
             "omega_mode": cfg.init.omega, "omega": omegas}

@@ -1,4 +1,4 @@
-"""`init=admin_torch`: the closed-form Admin of microsoft/admin-torch (methods 4.3): every
+"""`init=admin_torch`: the closed-form Admin of microsoft/admin-torch (admin_torch/admin.py): every
 sublayer's shortcut scale is omega(n) with n the number of residual sublayers of its stack; no
 profiling. Weights are the default Xavier."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from runner.init.common import fairseq_xavier
 
 
 def omega(n: int, output_change_scale: str) -> float:
-    """ADT calculate_init (methods 4.3)."""
+    """calculate_init of microsoft/admin-torch, admin_torch/admin.py."""
     if output_change_scale == "O(logn)":
         return math.sqrt((n + 1) / math.log(n + 1) - 1)
     if output_change_scale == "O(1)":
@@ -24,8 +24,8 @@ def omega(n: int, output_change_scale: str) -> float:
 
 
 def residual_sublayers(model) -> dict[str, int]:
-    """n per stack: 2N for the encoder (ADT's docstring example); 3M for the decoder is our
-    choice, the fairseq integration's value is unverified (methods 4.3, 12)."""
+    """n per stack: 2N for the encoder (admin-torch's docstring example); 3M for the decoder is our
+    choice, the fairseq integration's value (LiyuanLucasLiu/fairseq 33ad76ae) is unverified."""
     return {"encoder": 2 * model.cfg.num_encoder_layers, "decoder": 3 * model.cfg.num_decoder_layers}
 
 
@@ -44,5 +44,6 @@ class AdminTorch(InitScheme):
         values = {side: omega(count, cfg.init.output_change_scale) for side, count in n.items()}
         for ref in model.sublayers():
             ref.module.omega.fill_(values[ref.side])
-        return {"rule": f"admin-torch closed form, {cfg.init.output_change_scale} (methods 4.3)",
+        return {"rule": f"admin-torch closed form, {cfg.init.output_change_scale} "
+                        "(microsoft/admin-torch, admin_torch/admin.py calculate_init)",
                 "omega_mode": cfg.init.omega, "n": n, "omega": values}

@@ -9,7 +9,8 @@ from torch import nn
 from runner.model.sublayer import Sublayer
 
 # fairseq's separate q/k/v carry gain 1/sqrt(2) so that the fused (3d x d) Xavier bound
-# sqrt(6/(4d)) is kept per matrix (methods 1.4, TFX/CLN column).
+# sqrt(6/(4d)) is kept per matrix (fairseq/modules/multihead_attention.py reset_parameters in the
+# layer6ai-labs/T-Fixup and LiyuanLucasLiu/Transformer-Clinic forks).
 QKV_GAIN = 1 / math.sqrt(2)
 
 
@@ -20,7 +21,7 @@ def attention_projections(module: Sublayer) -> dict[str, nn.Linear]:
 
 @torch.no_grad()
 def init_embedding(weight: torch.Tensor, dim: int, pad_index: int) -> None:
-    """N(0, d^-1/2) with the padding row zero (fairseq's Embedding helper, methods 1.3)."""
+    """N(0, d^-1/2) with the padding row zero (the Embedding helper of fairseq/models/transformer.py)."""
     nn.init.normal_(weight, mean=0.0, std=dim ** -0.5)
     weight[pad_index].zero_()
 
@@ -38,13 +39,16 @@ def reset_norms_and_scales(model) -> None:
 
 @torch.no_grad()
 def fairseq_xavier(model, cfg) -> None:
-    """The forks' "default Xavier" (methods 1.4, TFX/CLN column): q/k/v Xavier-uniform with
+    """The forks' "default Xavier" (fairseq ~0.8/0.9 in layer6ai-labs/T-Fixup and
+    LiyuanLucasLiu/Transformer-Clinic; fairseq >= 0.10 differs): q/k/v Xavier-uniform with
     gain 1/sqrt(2), out/fc1/fc2 gain 1, zero biases (q/k/v biases per model.qkv_bias_init),
     norms 1/0, embeddings N(0, d^-1/2), residual scales 1.
 
     Under the NTK parameterization the projection weights are N(0, 1) instead: the
-    1/sqrt(fan_in) lives in the forward pass (seed 004). With T5-style attention the q/k
-    variance is further divided by head_dim, replacing the 1/sqrt(d) removed from the logits.
+    1/sqrt(fan_in) lives in the forward pass (an option of this tool after Su 2021,
+    kexue.fm/archives/8620, "NTK Parameterization"; not from the papers reproduced here). With
+    T5-style attention the q/k variance is further divided by head_dim, replacing the 1/sqrt(d)
+    removed from the logits.
     """
     mcfg = model.cfg
     ntk = mcfg.parameterization == "ntk"
@@ -103,8 +107,9 @@ def store_effective_(linear: nn.Linear) -> None:
 
 @torch.no_grad()
 def t5_qk_adjust_(model, role: str, linear: nn.Linear) -> None:
-    """T5-style attention (seed 004): q and k variance each divided by a further sqrt(head_dim),
-    because the logits no longer are."""
+    """T5-style attention (no 1/sqrt(head_dim) on the logits; Su 2021, kexue.fm/archives/8620,
+    "NTK Parameterization"): q and k variance each divided by a further sqrt(head_dim), because the
+    logits no longer are."""
     if model.cfg.attention == "t5" and role in ("q", "k"):
         linear.weight.mul_((model.cfg.dim // model.cfg.heads) ** -0.25)
 

@@ -1,6 +1,7 @@
-"""`init=deepnorm`: DeepNet (Wang et al., 2022), methods 7: Post-LN with the shortcut up-weighted
-by a constant alpha (written into omega, not trained) and v/out/fc1/fc2 drawn Xavier-normal with
-gain beta (q/k gain 1), with the encoder-decoder constants of the paper."""
+"""`init=deepnorm`: DeepNet (Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers):
+Post-LN with the shortcut up-weighted by a constant alpha (written into omega, not trained) and
+v/out/fc1/fc2 drawn Xavier-normal with gain beta (q/k gain 1), with the encoder-decoder constants
+of the paper."""
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,9 @@ BETA_SCALED = ("v", "out", "fc1", "fc2")
 
 
 def constants(encoder_layers: int, decoder_layers: int, variant: str = "paper") -> dict:
-    """Enc-dec alpha/beta (methods 7 table). torchscale's encoder beta uses 1.15 for 0.87
-    (discrepancy 11.10); its alphas are the paper's."""
+    """Enc-dec alpha/beta of the paper (xformers/components/residual.py get_deepnorm_coefficients,
+    Transformer-Clinic `deepnet`). torchscale (torchscale/architecture/encoder.py) uses 1.15
+    where the paper has 0.87 in the encoder beta; its alphas are the paper's."""
     n, m = encoder_layers, decoder_layers
     enc_beta_coef = {"paper": 0.87, "torchscale": 1.15}[variant]
     return {
@@ -48,7 +50,8 @@ def apply_deepnorm(model, cfg) -> dict:
         for role, linear in branch_linears(ref).items():
             if variant == "paper":
                 # xavier_normal_(gain=beta) for v/out/fc, gain 1 for q/k, cross-attention
-                # included with the decoder's beta (CLN deepnet, methods 7).
+                # included with the decoder's beta (Transformer-Clinic `deepnet`,
+                # fairseq/fairseq/modules/transformer_layer.py).
                 nn.init.xavier_normal_(linear.weight, gain=beta if role in BETA_SCALED else 1.0)
                 store_effective_(linear)
                 t5_qk_adjust_(model, role, linear)
@@ -56,4 +59,5 @@ def apply_deepnorm(model, cfg) -> dict:
                 # torchscale divides the default (Xavier-uniform, v at 1/sqrt(2)) init by
                 # init_scale = 1/beta; q/k keep the baseline.
                 linear.weight.mul_(beta)
-    return {"rule": f"DeepNorm, {variant} constants (methods 7)", "constants": c}
+    return {"rule": f"DeepNorm (Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers), "
+                    f"{variant} constants", "constants": c}

@@ -1,6 +1,7 @@
-"""`init=ds_init`: depth-scaled init of Zhang, Titov, Sennrich (EMNLP 2019), methods 6: every
-matrix of layer l (1-based, counted per stack) is Xavier-uniform with its bound shrunk by
-l^-1/2 (the paper's formula, default) or l^-1/4 (the ZRO code, init.ds_init_form=code)."""
+"""`init=ds_init`: depth-scaled init of Zhang, Titov, Sennrich (EMNLP 2019, Improving Deep Transformer
+with Depth-Scaled Initialization and Merged Attention): every matrix of layer l (1-based, counted per
+stack) is Xavier-uniform with its bound shrunk by l^-1/2 (the paper's formula, default) or l^-1/4
+(the code, bzhangGo/zero models/transformer.py, init.ds_init_form=code)."""
 from __future__ import annotations
 
 import math
@@ -31,7 +32,7 @@ class DSInit(InitScheme):
 
 
 def apply_ds_init(model, cfg) -> dict:
-    # Embeddings N(0, d^-1/2), zero biases and norms 1/0 stay as in the baseline (methods 6:
+    # Embeddings N(0, d^-1/2), zero biases and norms 1/0 stay as in the baseline (bzhangGo/zero:
     # outside the layer scopes / explicit initializers).
     fairseq_xavier(model, cfg)
     form, gain = cfg.init.ds_init_form, cfg.init.ds_init_gain
@@ -44,5 +45,6 @@ def apply_ds_init(model, cfg) -> dict:
             store_effective_(linear)
             t5_qk_adjust_(model, role, linear)
         factors[f"{ref.side}.{ref.layer}"] = depth ** (-0.5 if form == "paper" else -0.25)
-    return {"rule": f"DS-Init, {form} form (methods 6)", "gain": gain,
+    return {"rule": f"DS-Init (Zhang, Titov, Sennrich 2019; bzhangGo/zero models/transformer.py), "
+                    f"{form} form", "gain": gain,
             "bound_factor_vs_xavier": factors}

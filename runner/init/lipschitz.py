@@ -1,6 +1,7 @@
 """`init=lipschitz`: the Lipschitz-constrained init of Xu et al. (ACL 2020) as Neutron implements
-it (methods 5.1), with the paper's computation orders (methods 5.2): v1 = Post-LN with a norm on
-the embedding sum (norm=post norm.embedding_norm=true), v2 = Pre-LN (norm=pre)."""
+it (hfxunlp/transformer, utils/init/base.py init_model_params_lipschitz), with the paper's
+computation orders (Sec. 2, Fig. 1): v1 = Post-LN with a norm on the embedding sum (norm=post
+norm.embedding_norm=true), v2 = Pre-LN (norm=pre)."""
 from __future__ import annotations
 
 import math
@@ -41,15 +42,15 @@ class Lipschitz(InitScheme):
 
 
 def linear_bound(fan_in: int, scale: float) -> float:
-    return scale * math.sqrt(1.0 / fan_in)  # methods 5.1 step 1
+    return scale * math.sqrt(1.0 / fan_in)  # Neutron: U(+-b) for every matrix
 
 
 def embedding_bound(dim: int, vocab: int) -> float:
-    return math.sqrt(2.0 / (dim + vocab))  # methods 5.1 step 2
+    return math.sqrt(2.0 / (dim + vocab))  # Neutron: embeddings, Glorot-uniform with gain sqrt(1/3)
 
 
 def apply_lipschitz(model, cfg) -> dict:
-    # Biases 0 and norms 1/0 (step 3) come with the baseline; every matrix is then redrawn.
+    # Biases 0 and norms 1/0 (as Neutron) come with the baseline; every matrix is then redrawn.
     fairseq_xavier(model, cfg)
     scale = cfg.init.lipschitz_scale
     for ref in model.sublayers():
@@ -71,5 +72,6 @@ def apply_lipschitz(model, cfg) -> dict:
         nn.init.uniform_(weight, -b, b)
         weight[model.pad_index].zero_()
         bounds[role] = b
-    return {"rule": "Lipschitz-constrained init, Neutron init_model_params_lipschitz (methods 5.1)",
+    return {"rule": "Lipschitz-constrained init (Xu et al. 2020, Sec. 3) as hfxunlp/transformer "
+                    "utils/init/base.py init_model_params_lipschitz",
             "order": order(cfg), "scale": scale, "embedding_bounds": bounds}

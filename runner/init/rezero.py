@@ -1,11 +1,13 @@
-"""`init=rezero`: ReZero (Bachlechner et al. 2020) as rztx.py / CLN `rezero` have it (methods 8):
-no norm anywhere, every branch multiplied by its layer's scalar alpha (shared by the layer's
-sublayers), alpha = 0 at init and trained. Weights are the default Xavier.
+"""`init=rezero`: ReZero (Bachlechner et al. 2020, ReZero is All You Need) as majumderb/rezero
+rezero/transformer/rztx.py and Transformer-Clinic's `rezero` have it: no norm anywhere, every
+branch multiplied by its layer's scalar alpha (shared by the layer's sublayers), alpha = 0 at
+init and trained. Weights are the default Xavier.
 
 The variants share this module's machinery:
-- rezero_postln (CLN, methods 4.8): the same alpha with Post-LN;
+- rezero_postln (LiyuanLucasLiu/Transformer-Clinic): the same alpha with Post-LN;
 - skipinit (De & Smith 2020, unverified here): one alpha per residual branch instead of per layer;
-- rezero_ramp (seed 004): alpha is not trained but rises by init.alpha_ramp_step per update
+- rezero_ramp (a fixed-step ramp after Su 2021, kexue.fm/archives/8620, "Residual Connections";
+  not from a paper): alpha is not trained but rises by init.alpha_ramp_step per update
   until it reaches 1. Any of the schemes above ramps when init.alpha_ramp_step > 0."""
 from __future__ import annotations
 
@@ -48,8 +50,8 @@ class AlphaScheme(InitScheme):
         return ramping(cfg)
 
     def on_update(self, model, step: int, cfg) -> None:
-        """Seed 004's fixed-step ramp: after update `step`, alpha = min(1, step * r). A function
-        of the step alone, so a resumed run continues exactly."""
+        """The fixed-step ramp (Su 2021, kexue.fm/archives/8620): after update `step`,
+        alpha = min(1, step * r). A function of the step alone, so a resumed run continues exactly."""
         if not ramping(cfg) or (step - 1) * cfg.init.alpha_ramp_step >= 1.0:
             return  # trained alpha, or alpha already reached 1 at the previous update
         fill_alpha(model, min(1.0, step * cfg.init.alpha_ramp_step))
@@ -59,4 +61,4 @@ class ReZero(AlphaScheme):
     name = "rezero"
     placements = ("none",)
     placement_hint = "ReZero removes layer normalization"
-    rule = "ReZero: no norm, alpha per layer = 0 (methods 8)"
+    rule = "ReZero (Bachlechner et al. 2020; majumderb/rezero rztx.py): no norm, alpha per layer = 0"

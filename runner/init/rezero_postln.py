@@ -1,5 +1,6 @@
-"""`init=rezero_postln`: CLN's rezero_postln (methods 4.8): x <- LN(x + alpha * F(x)), alpha one
-scalar per layer, 0 at init, trained. See runner/init/rezero.py."""
+"""`init=rezero_postln`: rezero_postln of LiyuanLucasLiu/Transformer-Clinic
+(fairseq/fairseq/modules/transformer_layer.py): x <- LN(x + alpha * F(x)), alpha one scalar per
+layer, 0 at init, trained. See runner/init/rezero.py."""
 from __future__ import annotations
 
 from runner.init.rezero import AlphaScheme
@@ -9,4 +10,4 @@ class ReZeroPostLN(AlphaScheme):
     name = "rezero_postln"
     placements = ("post",)
     placement_hint = "rezero_postln is ReZero with Post-LN"
-    rule = "ReZero with Post-LN, alpha per layer = 0 (methods 4.8)"
+    rule = "ReZero with Post-LN (Transformer-Clinic rezero_postln), alpha per layer = 0"

@@ -1,6 +1,7 @@
-"""`init=rezero_ramp`: seed 004's variant of ReZero/SkipInit: no norm, alpha starts at 0 and rises
-by the fixed step init.alpha_ramp_step after every update until it reaches 1, then stays; alpha is
-not trained. See runner/init/rezero.py."""
+"""`init=rezero_ramp`: a variant of ReZero/SkipInit proposed in a blog post, not in a paper
+(Su 2021, kexue.fm/archives/8620, "Residual Connections"): no norm, alpha starts at 0 and rises by
+the fixed step init.alpha_ramp_step after every update until it reaches 1, then stays; alpha is not
+trained. See runner/init/rezero.py."""
 from __future__ import annotations
 
 from runner.init.rezero import AlphaScheme
@@ -10,7 +11,7 @@ class ReZeroRamp(AlphaScheme):
     name = "rezero_ramp"
     placements = ("none",)
     placement_hint = "ReZero removes layer normalization"
-    rule = "fixed-step alpha ramp (seed 004): no norm, alpha 0 -> 1"
+    rule = "fixed-step alpha ramp (Su 2021, kexue.fm/archives/8620, not from a paper): no norm, alpha 0 -> 1"
 
     def requirements(self, cfg) -> list[str]:
         if cfg.init.alpha_ramp_step <= 0:

@@ -1,4 +1,5 @@
-"""`init=xavier`: the baseline every paper compares against (methods 1.4)."""
+"""`init=xavier`: the baseline every paper compares against (fairseq's default init, see
+runner/init/common.py)."""
 from __future__ import annotations
 
 from runner.init.base import InitScheme
@@ -10,4 +11,5 @@ class Xavier(InitScheme):
 
     def apply(self, model, cfg, batch=None) -> dict:
         fairseq_xavier(model, cfg)
-        return {"rule": "fairseq default Xavier (methods 1.4, TFX/CLN column)"}
+        return {"rule": "fairseq default Xavier as in the layer6ai-labs/T-Fixup and "
+                        "LiyuanLucasLiu/Transformer-Clinic forks (fairseq/modules/multihead_attention.py)"}

@@ -45,7 +45,8 @@ class MultiheadAttention(nn.Module):
         self.v_proj = make_linear(dim, dim, parameterization)
         self.out_proj = make_linear(dim, dim, parameterization)
         # t5: no 1/sqrt(head_dim) in the logits; the init divides the q/k variance instead
-        # (seed 004, "attention scale"). The kernels take the scale explicitly.
+        # (Su 2021, kexue.fm/archives/8620, "NTK Parameterization"). The kernels take the scale
+        # explicitly.
         self.scale = 1.0 if logit_scale == "t5" else 1.0 / math.sqrt(self.head_dim)
         # One F.linear of concatenated weights equals separate projections only for plain affine
         # maps x W^T + b (standard parameterization; NTK scales its weights in forward).

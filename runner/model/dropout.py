@@ -4,7 +4,8 @@ On CPU, torch's dropout draws one Mersenne-Twister number per element, and that 
 the cost of dropout (bernoulli_ was 13% of a CPU training step of a 2+2-layer d=128 model in
 torch.profiler). Here one 64-bit draw gives three 16-bit uniforms, so an element is dropped with
 probability round(p * 65536) / 65536 (within 7.7e-6 of p) and kept ones are scaled by the exact
-inverse of that keep rate, so the expectation is unchanged. Masks still come from torch's seeded CPU generator (reproducible, checkpointed).
+inverse of that keep rate, so the expectation is unchanged. Masks still come from torch's seeded
+CPU generator (reproducible, checkpointed).
 CUDA uses torch's own fused dropout (Philox), which is already cheap.
 """
 from __future__ import annotations

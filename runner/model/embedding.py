@@ -1,4 +1,5 @@
-"""Token embeddings scaled by sqrt(d) plus fairseq's sinusoidal positions (methods 1.3)."""
+"""Token embeddings scaled by sqrt(d) plus fairseq's sinusoidal positions
+(as fairseq/models/transformer.py builds them)."""
 from __future__ import annotations
 
 import math

@@ -8,8 +8,9 @@ from torch import nn
 
 
 class NTKLinear(nn.Linear):
-    """NTK parameterization (seed 004): unit-variance weights, output scaled by 1/sqrt(fan_in),
-    so the forward scale no longer lives in the init."""
+    """NTK parameterization (an option of this tool, after Su 2021, kexue.fm/archives/8620,
+    "NTK Parameterization"): unit-variance weights, output scaled by 1/sqrt(fan_in), so the forward
+    scale no longer lives in the init."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__(in_features, out_features, bias=bias)

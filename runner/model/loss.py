@@ -1,4 +1,6 @@
-"""Label-smoothed cross entropy as the papers' forks computed it (methods 1.5)."""
+"""Label-smoothed cross entropy as the papers' forks computed it
+(fairseq/criterions/label_smoothed_cross_entropy.py in layer6ai-labs/T-Fixup and
+LiyuanLucasLiu/Transformer-Clinic)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -49,7 +51,7 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
                        pad_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed over non-pad target tokens (the caller divides by the token count).
 
-    TFX/CLN form: loss = (1 - eps) * NLL + (eps / V) * sum_v(-log p_v); upstream fairseq's
+    The forks' form: loss = (1 - eps) * NLL + (eps / V) * sum_v(-log p_v); upstream fairseq's
     later eps/(V-1) normaliser is deliberately not used. Returns (loss_sum, nll_sum) in nats;
     nll_sum is for logging (not differentiable). `target` may be the real tokens only (as
     many rows as logits, e.g. target[target != pad] for unpadded training logits).

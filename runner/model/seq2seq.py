@@ -1,5 +1,6 @@
-"""The fairseq-style encoder-decoder Transformer (methods 1) with norm slots and residual scales
-that every placement and init scheme shares."""
+"""The fairseq-style encoder-decoder Transformer (facebookresearch/fairseq,
+fairseq/models/transformer.py) with norm slots and residual scales that every placement and init
+scheme shares."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -139,7 +140,7 @@ class Seq2Seq(nn.Module):
         self.output_weight = (nn.Parameter(torch.empty(tgt_vocab, cfg.dim))
                               if cfg.share_embeddings == "none" else None)
 
-    # ----- typed surface for init schemes and analysis (architecture principle 2) -----
+    # ----- typed surface for init schemes and analysis (by role, never by parameter name) -----
     def sublayers(self) -> Iterator[SublayerRef]:
         """Every residual branch in forward order: encoder layers, then decoder layers."""
         for i, layer in enumerate(self.encoder.layers):

@@ -27,8 +27,8 @@ class Slots:
     final_norm: bool  # norm after the last layer of each stack
 
 
-# Methods 1.2: Post-LN has no final norm; Pre-LN does (fairseq normalize_before); sandwich is
-# Pre-LN plus a norm on the branch output (CogView's Sandwich-LN).
+# As fairseq/models/transformer.py: Post-LN has no final norm; Pre-LN does (fairseq
+# normalize_before); sandwich is Pre-LN plus a norm on the branch output (CogView's Sandwich-LN).
 PLACEMENTS = {
     "post": Slots(pre_norm=False, branch_norm=False, post_norm=True, final_norm=False),
     "pre": Slots(pre_norm=True, branch_norm=False, post_norm=False, final_norm=True),

@@ -2,7 +2,7 @@
 
 Pure logic on device-id lists, so it is testable without CUDA. The local launcher
 (hydra_plugins/deepinit_launcher) uses it because submitit's local executor gives every job the
-same `CUDA_VISIBLE_DEVICES=0..k-1` (infra.md section 4, hydra#2757).
+same `CUDA_VISIBLE_DEVICES=0..k-1` (submitit/local/local.py; facebookresearch/hydra#2757).
 """
 from __future__ import annotations
 

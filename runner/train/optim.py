@@ -1,4 +1,4 @@
-"""Optimizers of methods 9: fairseq adam (AdamW-style), the RAdam variants, SGD."""
+"""The reference recipes' optimizers: fairseq adam (AdamW-style), the RAdam variants, SGD."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,8 @@ from torch.optim import Optimizer
 
 
 def rectification(step: int, beta2: float) -> tuple[float, float]:
-    """(rho_t, r_t) of RAdam (methods 9.2); r_t is 0 where rho_t <= 4 (undefined)."""
+    """(rho_t, r_t) of RAdam (LiyuanLucasLiu/RAdam, radam/radam.py); r_t is 0 where rho_t <= 4
+    (undefined)."""
     rho_inf = 2.0 / (1.0 - beta2) - 1.0
     beta2_t = beta2 ** step
     rho_t = rho_inf - 2.0 * step * beta2_t / (1.0 - beta2_t)
@@ -21,8 +22,9 @@ def rectification(step: int, beta2: float) -> tuple[float, float]:
 class RAdam(Optimizer):
     """RAdam with decoupled weight decay applied every step, as the reference forks do.
 
-    mode="admin" (CLN radam_fairseq/radam.py): while rho_t < 5 no gradient update is made, only
-    the weight decay. mode="sgd_fallback" (RAD nmt/my_module/radam.py, TFX): while rho_t < 5 an
+    mode="admin" (LiyuanLucasLiu/Transformer-Clinic radam_fairseq/radam.py): while rho_t < 5 no
+    gradient update is made, only the weight decay. mode="sgd_fallback" (LiyuanLucasLiu/RAdam
+    nmt/my_module/radam.py, layer6ai-labs/T-Fixup fairseq/optim/radam.py): while rho_t < 5 an
     SGD-momentum step p -= lr * m_t / (1 - beta1^t). Once rho_t >= 5:
     p -= lr * r_t * m_t/(1 - beta1^t) * sqrt(1 - beta2^t) / (sqrt(v_t) + eps).
     """
@@ -73,7 +75,7 @@ def build_optimizer(params, cfg, device_type: str) -> Optimizer:
     fused = (device_type in ("cuda", "cpu")) if o.fused is None else o.fused
     betas = (o.beta1, o.beta2)
     if o.name == "adam":
-        # fairseq's adam decays decoupled, p <- p - lr*wd*p: exactly AdamW (methods 9.1).
+        # fairseq's adam decays decoupled, p <- p - lr*wd*p: exactly AdamW (fairseq/optim/adam.py).
         return torch.optim.AdamW(params, lr=o.lr, betas=betas, eps=o.eps,
                                  weight_decay=o.weight_decay, fused=fused or None)
     if o.name == "radam":

@@ -1,4 +1,4 @@
-"""Learning rate as a pure function of the update count (methods 10, fairseq semantics:
+"""Learning rate as a pure function of the update count (fairseq lr_scheduler semantics:
 the lr used for update k+1 is lr_at(k))."""
 from __future__ import annotations
 
@@ -17,12 +17,15 @@ def lr_at(step: int, cfg) -> float:
     if name == "inverse_sqrt":
         if warmup > 0:
             return peak * math.sqrt(warmup / step)
-        # T-Fixup's inverse_sqrt_nowarmup (TFX): lr(D) = lr/sqrt(2), lr(3D) = lr/2.
+        # T-Fixup's inverse_sqrt_nowarmup (layer6ai-labs/T-Fixup,
+        # fairseq/optim/lr_scheduler/inverse_sqrt_nowarmup_schedule.py):
+        # lr(D) = lr/sqrt(2), lr(3D) = lr/2.
         decay = cfg.schedule.decay_period
         return peak * math.sqrt(decay / (decay + step))
     if name == "linear":
-        # Linear decay from peak at the end of warmup to min_lr at max_updates (CLN/RAD
-        # linear_schedule.py; warmup.updates=1 + init_lr=1e-7 reproduces the recipe exactly).
+        # Linear decay from peak at the end of warmup to min_lr at max_updates (Transformer-Clinic
+        # radam_fairseq/linear_schedule.py; warmup.updates=1 + init_lr=1e-7 reproduces the recipe
+        # exactly).
         total, min_lr = cfg.trainer.max_updates, cfg.schedule.min_lr
         span = max(total - warmup, 1)
         return (peak - min_lr) * max(0.0, 1.0 - (step - warmup) / span) + min_lr

@@ -16,7 +16,7 @@ FAST = [*TINY, "trainer.final_bleu=false", "trainer.save_interval=5", "trainer.l
 
 
 def model_state(run_dir):
-    return torch.load(run_dir / LAST, map_location="cpu", weights_only=False)["model"]
+    return torch.load(run_dir / LAST, map_location="cpu", weights_only=True)["model"]
 
 
 def test_admin_in_one_run_writes_omegas_and_trains_them(tmp_path):
