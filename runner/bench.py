@@ -41,6 +41,7 @@ from runner.console import console
 from runner.data.corpus import default_corpus_dir
 from runner.decode.search import decode_throughput
 from runner.run.build import build_run
+from runner.run.folder import cpu_name
 from runner.train.loop import Callback, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -763,21 +764,11 @@ def markdown_tables(report: dict) -> str:
 
 def machine_info(device: str, threads: int) -> dict:
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    name = torch.cuda.get_device_name() if cuda else (_cpu_name() or platform.machine())
+    name = torch.cuda.get_device_name() if cuda else (cpu_name() or platform.machine())
     return {"device": "cuda" if cuda else "cpu", "device_name": name, "torch": torch.__version__,
             "cpus": os.cpu_count(), "threads": threads or torch.get_num_threads(),
             "hostname": platform.node(), "python": platform.python_version(),
             "loadavg_start": os.getloadavg()}
-
-
-def _cpu_name() -> Optional[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 # ----------------------------------------------------------------------------- main

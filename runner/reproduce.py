@@ -16,7 +16,6 @@ paper's table or figure.
 """
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import statistics
@@ -28,12 +27,12 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
-import yaml
-from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from runner import suite
 from runner.config import ModelConfig, TrainerConfig
-from runner.config.paths import sweeps_dir
+from runner.records import Records
 from runner.run.evaluate import evaluate_run
+from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
     NOT_TRAINED,
     find_run_dirs,
@@ -44,7 +43,7 @@ from runner.sweep.report import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-SCALES = ("cpu", "paper")
+SCALES = ("cpu", "real", "paper")  # cpu: the toy smoke tier; real: Multi30k on CPU (runner/suite.py)
 LAUNCHERS = ("basic", "local", "slurm")
 FINISHED = ("ok", "diverged", "stalled")  # the trainer skips these; "failed" (a crash) is rerun
 # The grid compares with the paper's count of diverged runs: stalled cells are counted apart.
@@ -56,10 +55,6 @@ DIVERGED_OR_CRASHED = ("diverged", "failed")
 SEC_PER_LAYER_UPDATE = 0.038
 CELL_OVERHEAD_S = 20.0
 TOY_MAX_TOKENS = 2048  # conf/data/toy.yaml; the step time above is for batches of this size
-
-
-def _sweeps_dir() -> Path:
-    return sweeps_dir()
 
 
 # ----------------------------------------------------------------------------- paper numbers
@@ -163,60 +158,6 @@ CPU_EVAL = dict(beam=1, lenpen=1.0, average_last=0)
 
 
 # ----------------------------------------------------------------------------- plan
-def _norm_key(key: str) -> str:
-    return key.lstrip("+~")
-
-
-def load_preset(preset: str) -> dict:
-    path = _sweeps_dir() / f"{preset}.yaml"
-    with open(path) as f:
-        return yaml.safe_load(f) or {}
-
-
-def _parse(lines: Sequence[str]):
-    return OverridesParser.create().parse_overrides(list(lines))
-
-
-# Overrides that do not change a run's result (conf/train.yaml keeps them out of folder names):
-# a cell run with other values of these is the same cell.
-_NOT_A_RESULT = ("hydra", "trainer.progress", "trainer.device", "trainer.threads", "trainer.resume",
-                 "trainer.tensorboard")
-
-
-def canonical(overrides: Sequence[str]) -> frozenset[str]:
-    """Overrides as Hydra writes them into .hydra/overrides.yaml (1e-4 -> 0.0001), hydra.* left
-    out, so a planned cell and its run folder compare equal."""
-    keep = [o for o in overrides if not _norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
-    out = []
-    for o in _parse(keep):
-        out.append(f"{o.get_key_element()}={o.get_value_element_as_str()}")
-    return frozenset(out)
-
-
-def plan_cells(preset: str, extra: Sequence[str] = ()) -> tuple[list[dict[str, str]], list[str]]:
-    """The cells a `deepinit -m +sweep=preset *extra` call runs, as {axis: value} in the
-    preset's axis order (values as Hydra writes them), and the extra overrides that are not axes
-    (fixed for every cell). A command-line value replaces the preset's axis of the same key, as
-    Hydra's sweeper does."""
-    params = ((load_preset(preset).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
-    lines = [f"{k}={v}" for k, v in params.items()]
-    lines += [o for o in extra if not _norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
-    axes: dict[str, list[str]] = {}
-    fixed: dict[str, str] = {}
-    for o in _parse(lines):
-        key = o.get_key_element()
-        for k in list(axes) + list(fixed):  # a later value of the same key replaces it
-            if _norm_key(k) == _norm_key(key):
-                axes.pop(k, None)
-                fixed.pop(k, None)
-        if o.is_discrete_sweep():
-            axes[key] = [str(v) for v in o.sweep_string_iterator()]
-        else:
-            fixed[key] = f"{key}={o.get_value_element_as_str()}"
-    cells = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
-    return cells, list(fixed.values())
-
-
 def cell_overrides(preset: str, axes: dict[str, str], fixed: Sequence[str]) -> frozenset[str]:
     """The task overrides Hydra records in the cell's .hydra/overrides.yaml (canonical)."""
     return canonical([f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items()), *fixed])
@@ -225,7 +166,7 @@ def cell_overrides(preset: str, axes: dict[str, str], fixed: Sequence[str]) -> f
 def _preset_value(preset: str, dotted: str, fixed: Sequence[str], axes: dict[str, str]):
     for source in (axes, dict(o.split("=", 1) for o in fixed if "=" in o)):
         for k, v in source.items():
-            if _norm_key(k) == dotted:
+            if norm_key(k) == dotted:
                 return v
     node = load_preset(preset)
     for part in dotted.split("."):
@@ -262,10 +203,10 @@ def collect(part: Part, part_dir: Path, extra: Sequence[str] = ()) -> list[CellR
     out = []
     for axes in cells:
         c = found.get(cell_overrides(part.preset, axes, fixed))
-        clean = {_norm_key(k): v for k, v in axes.items()}
+        clean = {norm_key(k): v for k, v in axes.items()}
         for o in fixed:  # a single value given for an axis (e.g. method=pre_ln) still labels it
             k, _, v = o.partition("=")
-            clean.setdefault(_norm_key(k), v)
+            clean.setdefault(norm_key(k), v)
         if c is None:
             out.append(CellResult(clean, "pending"))
         else:
@@ -589,6 +530,7 @@ TARGETS: dict[str, Target] = {
     "table2": Target(
         "table2", "Admin paper, Table 2: Post-LN vs Pre-LN vs Admin by depth",
         {"cpu": (Part("reproduce_table2_cpu", **CPU_EVAL),),
+         "real": (Part("reproduce_table2_real"),),
          "paper": (Part("reproduce_table2_iwslt14", "iwslt14", "DEEPINIT_IWSLT14_DIR", ("de", "en"),
                         IWSLT_HINT, beam=5, lenpen=1.0, average_last=10),
                    Part("reproduce_table2_wmt14", "wmt14", "DEEPINIT_WMT14_DIR", ("en", "de"),
@@ -701,15 +643,54 @@ def write_outputs(outcome: Outcome, metric: str, echo=print) -> Path:
     return path
 
 
+def run_real(target: Target, args) -> int:
+    """SCALE=real: the target's Multi30k suite, cell by cell on this machine, with records in
+    results/<target>/real/ (runner/suite.py)."""
+    part = target.parts["real"][0]
+    parallel = args.parallel or os.cpu_count() or 1
+    cells = suite.plan(part.preset, list(args.overrides))
+    records = Records.load(suite.results_dir(target.name))
+    suite.attach_records(cells, records)
+    todo = [c for c in cells if c.record is None]
+    preset = load_preset(part.preset)
+    minutes = float((preset.get("sweep") or {}).get("cpu_minutes_per_cell") or 0)
+    work = sweep_dir_for(args.out.resolve(), target.name, "real")
+    print(f"reproduce-{target.name} (real data): {target.title}")
+    print(f"preset sweeps/{part.preset}.yaml: {len(cells)} cells, {len(cells) - len(todo)} with a "
+          f"record in {suite.results_dir(target.name)}; run folders in {work}")
+    for c in cells:
+        print(f"  {c.label}   [{c.record['status'] if c.record else 'to train'}]")
+    if minutes:
+        wall = estimate_wall_s([minutes * 60] * len(todo), parallel)
+        print(f"estimated wall time: ~{_fmt_time(wall)} for {len(todo)} cells, {parallel} at a time "
+              f"(~{minutes:.0f} min per cell on one core of an idle 2-core machine)")
+    if args.dry_run:
+        return 0
+    crashed = 0 if args.table_only else suite.run_cells(cells, work, records, parallel)
+    path = suite.write_report(target.name, target.title, part.preset, cells)
+    print()
+    print(path.read_text())
+    print(f"wrote {path} and {records.path}")
+    if crashed:
+        print(f"{crashed} cell(s) failed: their train.log files in {work} say why", file=sys.stderr)
+    return 1 if crashed else 0
+
+
 def run(args) -> int:
     """`deepinit reproduce` with parsed arguments (runner/cli/reproduce.py); the exit code."""
     if args.target == "list":
         for t in TARGETS.values():
-            print(f"{t.name:14s} {t.title}")
+            print(f"{t.name:14s} {t.title} (scales: {', '.join(t.parts)})")
         return 0
     t0 = time.perf_counter()
     target = TARGETS[args.target]
     scale = args.scale or ("paper" if gpu_visible() else "cpu")
+    if scale not in target.parts:
+        print(f"deepinit reproduce: {target.name} has no {scale} tier yet; it has "
+              f"{', '.join(target.parts)}", file=sys.stderr)
+        return 2
+    if scale == "real":
+        return run_real(target, args)
     launcher = args.launcher or "local"
     parallel = args.parallel or os.cpu_count() or 1
     sweep_dir = sweep_dir_for(args.out.resolve(), target.name, scale)

@@ -15,7 +15,10 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("target", choices=[*reproduce.TARGETS, "list"])
     p.add_argument("overrides", nargs="*", help="extra overrides for every cell; an override of a "
                    "swept axis replaces its values (e.g. model.layers=6,20,50)")
-    p.add_argument("--scale", choices=reproduce.SCALES, help="default: paper when a GPU is visible, else cpu")
+    p.add_argument("--scale", choices=reproduce.SCALES,
+                   help="cpu: the toy smoke tier (minutes); real: Multi30k on this CPU with "
+                   "seeds, CIs and verdicts, records in results/ (hours); paper: the papers' "
+                   "recipes (GPU). Default: paper when a GPU is visible, else cpu")
     p.add_argument("--launcher", choices=reproduce.LAUNCHERS,
                    help="default: local (cells in parallel: one per GPU, or --parallel on CPU)")
     p.add_argument("--parallel", type=int, default=0,

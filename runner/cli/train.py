@@ -5,14 +5,13 @@ which is named by the overrides (never by a timestamp), so a second call resumes
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import shutil
 import sys
 import traceback
 from pathlib import Path
+from typing import Optional, Sequence
 
 import hydra
 import submitit
@@ -20,19 +19,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from runner.cli.compose import register_schemas
-from runner.config import ConfigError
+from runner.config import Config, ConfigError
 from runner.config.paths import config_dir
 from runner.data.corpus import CorpusError
-from runner.run.folder import write_result
+from runner.init import get_scheme
+from runner.run.folder import folder_name, write_result
 from runner.run.train import train
 
 # Hydra flags that take a value (the rest of its flags take none).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
                      "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
-# Overrides that do not change a run's result stay out of folder names (see conf/train.yaml).
-_NAME_EXCLUDED = ("hydra.", "hydra/", "trainer.progress=", "trainer.device=", "trainer.threads=",
-                  "trainer.resume=", "trainer.tensorboard=")
-
 _task_started = False
 
 
@@ -49,17 +45,6 @@ def split_args(args: list[str]) -> tuple[list[str], list[str]]:
     return flags, overrides
 
 
-def folder_name(overrides: list[str], default: str) -> str:
-    """A run/sweep folder named by its overrides, never by a timestamp: the same command finds
-    the same folder again (resume, skip finished cells)."""
-    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(_NAME_EXCLUDED))
-    name = ",".join(o.lstrip("+") for o in kept) or default
-    name = re.sub(r"[^A-Za-z0-9_.,=+\-@:\[\]]", "_", name)
-    if len(name) > 180:  # file names are limited to 255 bytes
-        name = name[:150] + "-" + hashlib.sha1(name.encode()).hexdigest()[:12]
-    return name
-
-
 def with_output_dirs(args: list[str]) -> list[str]:
     """Flags first, then overrides: argparse takes the overrides as one trailing list."""
     flags, overrides = split_args(args)
@@ -73,6 +58,24 @@ def with_output_dirs(args: list[str]) -> list[str]:
     return flags + overrides + extra
 
 
+def scheme_warmup(cfg: Config, choices, task_overrides: Sequence[str]) -> Optional[str]:
+    """An init scheme that trains without warmup (T-Fixup) gets its own warmup.updates when the
+    user set none: no `warmup=...` choice, no `warmup.*` override, and the default group's value
+    (a sweep preset that writes another value counts as explicit). Returns the log line, or None
+    when nothing changed."""
+    wanted = get_scheme(cfg.init.name).warmup_updates
+    if wanted is None or cfg.warmup.updates == wanted:
+        return None
+    default = OmegaConf.load(config_dir() / "warmup" / "default.yaml").updates
+    explicit = (choices.get("warmup", "default") != "default" or cfg.warmup.updates != default
+                or any(o.lstrip("+~").startswith("warmup") for o in task_overrides))
+    if explicit:
+        return None
+    cfg.warmup.updates = wanted
+    return (f"init={cfg.init.name} trains without warmup: warmup.updates={wanted} (set "
+            "warmup.updates=N to use one)")
+
+
 def run_task(cfg: DictConfig) -> None:
     """The Hydra task: one training run in Hydra's output dir (pickled by submitit launchers)."""
     global _task_started
@@ -84,7 +87,13 @@ def run_task(cfg: DictConfig) -> None:
         submitit.helpers.TorchDistributedEnvironment().export()
     multirun = hc.mode.name == "MULTIRUN"
     try:
-        train(OmegaConf.to_object(cfg), run_dir)
+        typed = OmegaConf.to_object(cfg)
+        note = scheme_warmup(typed, hc.runtime.choices, hc.overrides.task)
+        if note:
+            logging.getLogger("deepinit").info(note)
+            # .hydra/config.yaml says what runs
+            OmegaConf.save(OmegaConf.structured(typed), run_dir / ".hydra" / "config.yaml")
+        train(typed, run_dir)
     except (ConfigError, CorpusError) as err:
         logging.getLogger("deepinit.file").error("config error: %s", err)
         if multirun:

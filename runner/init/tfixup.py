@@ -33,6 +33,7 @@ class TFixup(InitScheme):
     name = "tfixup"
     placements = ("none",)
     placement_hint = "T-Fixup removes layer normalization"
+    warmup_updates = 0  # T-Fixup trains without warmup (Huang et al. 2020, Sec. 3)
 
     @torch.no_grad()
     def apply(self, model, cfg, batch=None) -> dict:

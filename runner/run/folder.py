@@ -14,6 +14,7 @@ sent you cannot run their code.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -106,6 +107,22 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
         last = model
     return {key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value.clone()
             for key, value in last.items()}
+
+
+# Overrides that do not change a run's result stay out of folder names (see conf/train.yaml).
+_NAME_EXCLUDED = ("hydra.", "hydra/", "trainer.progress=", "trainer.device=", "trainer.threads=",
+                  "trainer.resume=", "trainer.tensorboard=")
+
+
+def folder_name(overrides: list[str], default: str) -> str:
+    """A run/sweep folder named by its overrides, never by a timestamp: the same command finds
+    the same folder again (resume, skip finished cells)."""
+    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(_NAME_EXCLUDED))
+    name = ",".join(o.lstrip("+") for o in kept) or default
+    name = re.sub(r"[^A-Za-z0-9_.,=+\-@:\[\]]", "_", name)
+    if len(name) > 180:  # file names are limited to 255 bytes
+        name = name[:150] + "-" + hashlib.sha1(name.encode()).hexdigest()[:12]
+    return name
 
 
 # ----------------------------------------------------------------------------- JSON files
@@ -223,6 +240,17 @@ def _version(package: str) -> Optional[str]:
         return None
 
 
+def cpu_name() -> Optional[str]:
+    """The CPU's model name (Linux /proc/cpuinfo), None elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def environment(device: torch.device, precision: str) -> dict[str, Any]:
     """What env.json records about where and with what a run ran."""
     return {
@@ -231,7 +259,7 @@ def environment(device: torch.device, precision: str) -> dict[str, Any]:
         "omegaconf": _version("omegaconf"),
         "cuda": torch.version.cuda, "device": str(device), "precision": precision,
         "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                        else platform.processor() or platform.machine()),
+                        else cpu_name() or platform.processor() or platform.machine()),
         "threads": torch.get_num_threads(), "hostname": socket.gethostname(),
         "git_commit": git_commit(), "platform": platform.platform(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),

@@ -1,0 +1,416 @@
+"""Statistics over seeds and pre-registered claim verdicts for reproduction tables.
+
+Each trained cell (one seed of one arm) is a `Record`; a paper's claim is a `Claim` (written in a
+YAML file before the runs, hence "pre-registered"); `judge` turns a claim and the records into a
+`Verdict`: "reproduced", "not reproduced", "inconclusive" or "not run", with one line of numbers
+saying what was measured. The rules below are fixed in advance so that a verdict cannot be chosen
+after seeing the numbers.
+
+Statistics
+    Mean, sample standard deviation (ddof=1) and a 95% percentile-bootstrap confidence interval of
+    the mean (Efron & Tibshirani 1993, *An Introduction to the Bootstrap*, ch. 13): the seeds are
+    resampled with replacement `resamples` times with `numpy.random.default_rng(seed)`, so a
+    table is reproducible bit for bit. With fewer than 2 values no spread can be estimated and the
+    std and CI are None. Differences between arms are paired by seed (the same seed gives the same
+    data order and the same initial draw), which removes the seed-to-seed variance both arms share.
+    Counts of discordant pairs use the exact two-sided sign test (Conover 1999, *Practical
+    Nonparametric Statistics*, 3rd ed., sec. 3.4), which on diverged/not-diverged pairs is McNemar's
+    exact test (McNemar 1947).
+
+Decision rules (`judge`)
+    Selectors: a claim's `a` and `b` select records whose arm contains every key/value of the
+    selector (subset match). A record matching both selectors is an error (ill-formed claim).
+
+    0. Records with status "failed" (a crash) are ignored: they are not evidence. If an arm then
+       has no record, the verdict is "not run".
+
+    "diverges" (A diverges): reproduced when every cell of A diverged (status "diverged"); not
+       reproduced when none did; inconclusive otherwise. Measured: "k of n seeds diverged".
+
+    "trains" (A trains, i.e. neither diverges nor stalls): reproduced when no cell of A diverged or
+       stalled; not reproduced when every cell did; inconclusive otherwise.
+
+    "more_diverged" (A diverges in more of its cells than B; for grids where A and B each select
+       many cells): cells are paired by the arm axes other than those named in either selector,
+       plus the seed. wins = pairs where A diverged and B did not, losses = the reverse;
+       p = sign_test(wins, losses). Reproduced when wins > losses and p < 0.05; not reproduced when
+       wins <= losses; inconclusive otherwise. When the two arms have records but no cell pairs
+       up, there is nothing to compare: inconclusive.
+
+    "better" (A's metric is better than B's; direction by `higher_is_better`):
+       1. If any cell of A or B diverged or stalled ("bad"): reproduced when B has more bad cells
+          than A and A has none; not reproduced when A has more bad cells than B; otherwise go on.
+       2. Pair cells as for "more_diverged" (normally: by seed) and keep the pairs where both are
+          "ok" and both have the metric. With >= 2 pairs, the paired difference A - B (B - A when
+          lower is better, so that positive always means A better) is summarized: reproduced when
+          the CI's low end > 0, not reproduced when its high end < 0, inconclusive when the CI
+          contains 0. With fewer than 2 pairs: inconclusive.
+       Measured: the mean difference with its CI and the number of paired seeds.
+
+Selector values read from YAML are compared as strings (`claim_from_dict` turns 6 into "6" and
+true into "true"), as arm axes are recorded as strings.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+STATUSES = ("ok", "diverged", "stalled", "failed")
+KINDS = ("better", "diverges", "trains", "more_diverged")
+VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
+
+# Fixed for every verdict: changing them after the runs would be choosing the answer.
+_LEVEL = 0.95
+_RESAMPLES = 10000
+_SEED = 0
+_ALPHA = 0.05
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One metric over seeds: count, mean, sample std (ddof=1) and percentile-bootstrap CI of the mean."""
+
+    n: int
+    mean: float | None
+    std: float | None  # sample std, ddof=1; None when n < 2
+    ci_low: float | None  # percentile-bootstrap CI of the mean; None when n < 2
+    ci_high: float | None
+
+
+def _as_finite_array(values: Sequence[float]) -> np.ndarray:
+    x = np.asarray(list(values), dtype=float)
+    if x.ndim != 1:
+        raise ValueError(f"expected a flat sequence of numbers, got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"values must be finite, got {x.tolist()}")
+    return x
+
+
+def _check_level(level: float) -> None:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+
+
+def bootstrap_mean_ci(values: Sequence[float], level: float = 0.95, resamples: int = 10000,
+                      seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of the mean of `values` (Efron & Tibshirani 1993, ch. 13).
+
+    Draws `resamples` samples of len(values) with replacement using numpy.random.default_rng(seed),
+    takes each one's mean, and returns the (1-level)/2 and (1+level)/2 quantiles of those means.
+    Deterministic for a fixed seed. Needs at least 2 finite values.
+    """
+    x = _as_finite_array(values)
+    _check_level(level)
+    if x.size < 2:
+        raise ValueError(f"a bootstrap CI needs at least 2 values, got {x.size}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    # All equal: every resample has the same mean. Return the value itself rather than a sum / n
+    # that may differ from it in the last bit.
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(resamples, x.size))
+    means = x[idx].mean(axis=1)
+    alpha = 1.0 - level
+    lo, hi = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return float(lo), float(hi)
+
+
+def summarize(values: Sequence[float], level: float = 0.95, resamples: int = 10000, seed: int = 0) -> Summary:
+    """Summary of `values` (one metric over seeds): n, mean, sample std (ddof=1) and bootstrap CI of the mean.
+
+    std and the CI are None when n < 2; mean is None when n == 0.
+    """
+    x = _as_finite_array(values)
+    n = int(x.size)
+    if n == 0:
+        return Summary(n=0, mean=None, std=None, ci_low=None, ci_high=None)
+    mean = float(x.mean())
+    if n < 2:
+        return Summary(n=n, mean=mean, std=None, ci_low=None, ci_high=None)
+    lo, hi = bootstrap_mean_ci(x, level=level, resamples=resamples, seed=seed)
+    return Summary(n=n, mean=mean, std=float(x.std(ddof=1)), ci_low=lo, ci_high=hi)
+
+
+def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: float = 0.95,
+                      resamples: int = 10000, seed: int = 0) -> Summary:
+    """Summary of a[s] - b[s] over the seeds s present in both `a` and `b` (metric by seed).
+
+    Pairing by seed (same seed = same data order and initial draw) removes the variance both arms
+    share; seeds present in only one mapping are left out. Seeds are taken in sorted order so the
+    bootstrap does not depend on the mappings' insertion order.
+    """
+    common = sorted(set(a) & set(b))
+    return summarize([a[s] - b[s] for s in common], level=level, resamples=resamples, seed=seed)
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Exact two-sided sign test p-value of `wins` against `losses` under Binomial(wins + losses, 1/2).
+
+    p = min(1, 2 * P(X >= max(wins, losses))) (Conover 1999, sec. 3.4); ties are excluded by the
+    caller. 1.0 when wins + losses == 0 (no evidence either way).
+    """
+    if wins < 0 or losses < 0:
+        raise ValueError(f"wins and losses must be >= 0, got {wins}, {losses}")
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    k = max(wins, losses)
+    # Exact rational arithmetic: no rounding in the tail sum, however many pairs.
+    tail = Fraction(sum(math.comb(n, i) for i in range(k, n + 1)), 2**n)
+    return float(min(Fraction(1), 2 * tail))
+
+
+# --------------------------------------------------------------------------- records and claims
+
+
+@dataclass(frozen=True)
+class Record:
+    """One trained cell: one seed of one arm, its final status and its metrics."""
+
+    arm: dict[str, str]  # the arm's axes, e.g. {"method": "admin", "warmup": "none"} (everything except the seed)
+    seed: int
+    status: str  # ok | diverged | stalled | failed
+    metrics: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim, pre-registered: which arms it compares, how, and on which metric."""
+
+    id: str
+    text: str  # the paper's claim in words, with its source (table/figure)
+    kind: str  # "better" | "diverges" | "trains" | "more_diverged"
+    a: dict[str, str]  # selector of arm A (subset match on Record.arm)
+    b: dict[str, str] | None = None  # selector of arm B ("better", "more_diverged")
+    metric: str = "bleu"  # "better": the metric compared
+    higher_is_better: bool = True
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verdict on one claim, with one line of what was measured and the numbers behind it."""
+
+    claim: Claim
+    verdict: str  # "reproduced" | "not reproduced" | "inconclusive" | "not run"
+    measured: str
+    details: dict = field(default_factory=dict)
+
+
+def _selector_value(v: Any) -> str:
+    # YAML reads `true` as a bool and `6` as an int; arms record axes as strings.
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _selector(d: Any, what: str) -> dict[str, str]:
+    if not isinstance(d, Mapping):
+        raise ValueError(f"claim {what} must be a mapping of axis to value, got {d!r}")
+    return {str(k): _selector_value(v) for k, v in d.items()}
+
+
+_CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better")
+
+
+def claim_from_dict(d: Mapping) -> Claim:
+    """A `Claim` from a YAML mapping with the same keys as its fields.
+
+    Raises ValueError naming an unknown kind, an unknown key (a typo would otherwise silently
+    change the claim), a missing required key, or a missing `b` for kinds that compare two arms.
+    """
+    unknown = sorted(set(d) - set(_CLAIM_KEYS))
+    if unknown:
+        raise ValueError(f"claim {d.get('id', '?')!r}: unknown key(s) {unknown}; known: {list(_CLAIM_KEYS)}")
+    missing = [k for k in ("id", "text", "kind", "a") if k not in d]
+    if missing:
+        raise ValueError(f"claim {d.get('id', '?')!r}: missing key(s) {missing}")
+    kind = str(d["kind"])
+    if kind not in KINDS:
+        raise ValueError(f"claim {d['id']!r}: unknown kind {kind!r}; known: {list(KINDS)}")
+    b = d.get("b")
+    if kind in ("better", "more_diverged") and b is None:
+        raise ValueError(f"claim {d['id']!r}: kind {kind!r} needs a selector b")
+    higher = d.get("higher_is_better", True)
+    if not isinstance(higher, bool):
+        raise ValueError(f"claim {d['id']!r}: higher_is_better must be true or false, got {higher!r}")
+    return Claim(id=str(d["id"]), text=str(d["text"]), kind=kind, a=_selector(d["a"], "a"),
+                 b=None if b is None else _selector(b, "b"), metric=str(d.get("metric", "bleu")),
+                 higher_is_better=higher)
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def _matches(arm: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(k in arm and str(arm[k]) == v for k, v in selector.items())
+
+
+def _select(records: Sequence[Record], selector: Mapping[str, str]) -> list[Record]:
+    """The non-failed records whose arm matches `selector` (failed cells are not evidence)."""
+    return [r for r in records if r.status != "failed" and _matches(r.arm, selector)]
+
+
+def _label(selector: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector.items()) or "all"
+
+
+def _fmt(x: float) -> str:
+    return f"{x:+.2f}" if x == 0 or abs(x) >= 0.01 else f"{x:+.2e}"
+
+
+def _unit(records: Sequence[Record]) -> str:
+    # "seeds" when the selector picks one arm, "cells" when it spans several (grids).
+    arms = {tuple(sorted(r.arm.items())) for r in records}
+    return "seeds" if len(arms) <= 1 else "cells"
+
+
+def _pair(claim: Claim, a_recs: Sequence[Record], b_recs: Sequence[Record]
+          ) -> tuple[list[tuple[Record, Record]], dict[str, Any]]:
+    """Pairs of (A cell, B cell) with the same seed and the same values on the other shared axes.
+
+    The key is the seed plus the axes every A and B record has, less those named in either selector
+    (they are what differs between the arms). Returns the pairs and the key axes / unpaired counts.
+    """
+    named = set(claim.a) | set(claim.b or {})
+    shared = set.intersection(*(set(r.arm) for r in [*a_recs, *b_recs])) - named
+    axes = sorted(shared)
+
+    def key(r: Record) -> tuple:
+        return (*(r.arm[k] for k in axes), r.seed)
+
+    def index(recs: Sequence[Record], side: str) -> dict[tuple, Record]:
+        out: dict[tuple, Record] = {}
+        for r in recs:
+            k = key(r)
+            if k in out:
+                raise ValueError(f"claim {claim.id!r}: arm {side} has two records for "
+                                 f"{dict(zip(axes, k[:-1]))} seed {k[-1]}; pairing is ambiguous")
+            out[k] = r
+        return out
+
+    a_by, b_by = index(a_recs, "A"), index(b_recs, "B")
+    common = sorted(set(a_by) & set(b_by))  # same axes in every key, so tuples compare
+    info = {"pair_axes": axes, "unpaired_a": len(a_by) - len(common), "unpaired_b": len(b_by) - len(common)}
+    return [(a_by[k], b_by[k]) for k in common], info
+
+
+def _judge_diverges(claim: Claim, a: Sequence[Record]) -> Verdict:
+    n = len(a)
+    k = sum(r.status == "diverged" for r in a)
+    verdict = "reproduced" if k == n else "not reproduced" if k == 0 else "inconclusive"
+    return Verdict(claim, verdict, f"{k} of {n} {_unit(a)} diverged ({_label(claim.a)})",
+                   {"n": n, "diverged": k})
+
+
+def _judge_trains(claim: Claim, a: Sequence[Record]) -> Verdict:
+    n = len(a)
+    diverged = sum(r.status == "diverged" for r in a)
+    stalled = sum(r.status == "stalled" for r in a)
+    bad = diverged + stalled
+    verdict = "reproduced" if bad == 0 else "not reproduced" if bad == n else "inconclusive"
+    measured = (f"{n - bad} of {n} {_unit(a)} trained ({_label(claim.a)}; "
+                f"{diverged} diverged, {stalled} stalled)")
+    return Verdict(claim, verdict, measured, {"n": n, "trained": n - bad, "diverged": diverged, "stalled": stalled})
+
+
+def _judge_more_diverged(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Verdict:
+    pairs, info = _pair(claim, a, b)
+    wins = sum(ra.status == "diverged" and rb.status != "diverged" for ra, rb in pairs)
+    losses = sum(rb.status == "diverged" and ra.status != "diverged" for ra, rb in pairs)
+    p = sign_test(wins, losses)
+    a_div = sum(r.status == "diverged" for r in a)
+    b_div = sum(r.status == "diverged" for r in b)
+    details = {"pairs": len(pairs), "wins": wins, "losses": losses, "p": p,
+               "a_diverged": a_div, "a_n": len(a), "b_diverged": b_div, "b_n": len(b), **info}
+    if not pairs:
+        verdict = "inconclusive"
+    elif wins > losses and p < _ALPHA:
+        verdict = "reproduced"
+    elif wins <= losses:
+        verdict = "not reproduced"
+    else:
+        verdict = "inconclusive"
+    measured = (f"{_label(claim.a)} diverged in {a_div} of {len(a)} cells, {_label(claim.b or {})} in "
+                f"{b_div} of {len(b)}; over {len(pairs)} paired cells only A diverged in {wins}, only B in "
+                f"{losses} (sign test p={p:.3g})")
+    return Verdict(claim, verdict, measured, details)
+
+
+def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Verdict:
+    a_bad = sum(r.status in ("diverged", "stalled") for r in a)
+    b_bad = sum(r.status in ("diverged", "stalled") for r in b)
+    la, lb = _label(claim.a), _label(claim.b or {})
+    details: dict[str, Any] = {"a_n": len(a), "a_bad": a_bad, "b_n": len(b), "b_bad": b_bad}
+    bad_line = f"diverged/stalled: {la} {a_bad} of {len(a)}, {lb} {b_bad} of {len(b)}"
+    if a_bad or b_bad:
+        if b_bad > a_bad and a_bad == 0:
+            return Verdict(claim, "reproduced", bad_line, details)
+        if a_bad > b_bad:
+            return Verdict(claim, "not reproduced", bad_line, details)
+
+    pairs, info = _pair(claim, a, b)
+    details.update(info)
+    sign = 1.0 if claim.higher_is_better else -1.0
+    diffs: list[float] = []
+    for ra, rb in pairs:
+        va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
+        if ra.status != "ok" or rb.status != "ok" or va is None or vb is None:
+            continue
+        if not (math.isfinite(va) and math.isfinite(vb)):
+            continue
+        diffs.append(sign * (float(va) - float(vb)))
+    details["paired"] = len(diffs)
+    # Written so that a positive number always means "A better".
+    head = f"{la} - {lb}" if claim.higher_is_better else f"{lb} - {la}"
+    suffix = "" if not (a_bad or b_bad) else f" ({bad_line})"
+    if len(diffs) < 2:
+        measured = f"{claim.metric}: only {len(diffs)} paired ok seed(s) with the metric, need 2{suffix}"
+        return Verdict(claim, "inconclusive", measured, details)
+    s = summarize(diffs, level=_LEVEL, resamples=_RESAMPLES, seed=_SEED)
+    assert s.mean is not None and s.ci_low is not None and s.ci_high is not None
+    details.update({"mean_diff": s.mean, "std_diff": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high,
+                    "level": _LEVEL, "higher_is_better": claim.higher_is_better})
+    verdict = "reproduced" if s.ci_low > 0 else "not reproduced" if s.ci_high < 0 else "inconclusive"
+    lower = "" if claim.higher_is_better else ", lower is better"
+    measured = (f"{head} {claim.metric} {_fmt(s.mean)} [{_LEVEL:.0%} CI {_fmt(s.ci_low)}, {_fmt(s.ci_high)}] "
+                f"over {s.n} paired seeds{lower}{suffix}")
+    return Verdict(claim, verdict, measured, details)
+
+
+def judge(claim: Claim, records: Sequence[Record]) -> Verdict:
+    """The verdict on `claim` from `records`, by the pre-registered rules in this module's docstring."""
+    if claim.kind not in KINDS:
+        raise ValueError(f"claim {claim.id!r}: unknown kind {claim.kind!r}; known: {list(KINDS)}")
+    for r in records:
+        if r.status not in STATUSES:
+            raise ValueError(f"record {r.arm} seed {r.seed}: unknown status {r.status!r}; known: {list(STATUSES)}")
+    a = _select(records, claim.a)
+    two_arms = claim.kind in ("better", "more_diverged")
+    if two_arms and claim.b is None:
+        raise ValueError(f"claim {claim.id!r}: kind {claim.kind!r} needs a selector b")
+    b = _select(records, claim.b) if two_arms and claim.b is not None else []
+    if two_arms:
+        both = [r for r in a if _matches(r.arm, claim.b or {})]
+        if both:
+            raise ValueError(f"claim {claim.id!r}: record {both[0].arm} matches both selectors")
+    arms = ((claim.a, a), (claim.b or {}, b)) if two_arms else ((claim.a, a),)
+    empty = [_label(sel) for sel, recs in arms if not recs]
+    if not a or (two_arms and not b):
+        return Verdict(claim, "not run", f"no run of {' and '.join(empty)} (none, or only crashed ones)",
+                       {"a_n": len(a), "b_n": len(b)} if two_arms else {"n": 0})
+    if claim.kind == "diverges":
+        return _judge_diverges(claim, a)
+    if claim.kind == "trains":
+        return _judge_trains(claim, a)
+    if claim.kind == "more_diverged":
+        return _judge_more_diverged(claim, a, b)
+    return _judge_better(claim, a, b)

@@ -1,0 +1,93 @@
+"""Committed evidence: compact per-cell records of a reproduction target under results/.
+
+    results/<target>/<tier>/records.jsonl   one JSON line per trained cell (one seed of one arm)
+    results/<target>/<tier>/report.md       the table, the claims and their verdicts
+    results/<target>/<tier>/curves.png      validation loss curves by arm
+
+A record holds what a reader needs to audit a number: the cell's overrides and seed, status,
+losses, BLEU (tokenized and sacreBLEU), updates, wall time, the validation curve, and where and
+with what it ran (CPU or GPU name, threads, torch and deepinit versions, git commit). A later run
+of the target reuses the records it finds (same overrides, same seed) instead of training again,
+so a suite can be completed over several sittings.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from runner.run import folder
+
+RESULT_FIELDS = ("status", "reason", "diverged_step", "stalled", "updates", "epochs", "train_loss",
+                 "valid_loss", "best_valid_loss", "best_valid_nll", "valid_unigram_nll", "bleu",
+                 "sacrebleu", "sacrebleu_signature", "wall_s", "tokens_per_s", "parameters")
+ENV_FIELDS = ("device", "device_name", "threads", "precision", "torch", "deepinit", "git_commit",
+              "platform")
+
+
+def results_root() -> Path:
+    """results/ at the top of the checkout ($DEEPINIT_RESULTS overrides it)."""
+    env = os.environ.get("DEEPINIT_RESULTS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1] / "results"
+
+
+def cell_key(overrides: Sequence[str]) -> str:
+    """A cell's identity: its result-changing overrides, sorted (seed included)."""
+    return ",".join(sorted(overrides))
+
+
+@dataclass
+class Records:
+    """The records of one target and tier, keyed by cell_key."""
+
+    path: Path
+    by_key: dict[str, dict]
+
+    @classmethod
+    def load(cls, directory: Path) -> "Records":
+        path = Path(directory) / "records.jsonl"
+        by_key: dict[str, dict] = {}
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    by_key[cell_key(record["overrides"])] = record
+        return cls(path, by_key)
+
+    def get(self, overrides: Sequence[str]) -> Optional[dict]:
+        return self.by_key.get(cell_key(overrides))
+
+    def put(self, record: dict) -> None:
+        self.by_key[cell_key(record["overrides"])] = record
+
+    def save(self) -> None:
+        """Atomic rewrite, cells in key order (stable diffs)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text("".join(json.dumps(self.by_key[k], sort_keys=True) + "\n"
+                               for k in sorted(self.by_key)))
+        os.replace(tmp, self.path)
+
+
+def record_from_run(run_dir: Path, overrides: Sequence[str], arm: dict[str, str],
+                    seed: int) -> Optional[dict]:
+    """The record of a finished run folder (None while it has no result.json)."""
+    result = folder.read_result(run_dir)
+    if not result:
+        return None
+    env = folder.read_json(Path(run_dir) / "env.json") or {}
+    status = result.get("status", "failed")
+    if status == "ok" and result.get("stalled"):
+        status = "stalled"
+    curve = [(r["step"], r["loss"]) for r in folder.read_metrics(run_dir) if r.get("split") == "valid"]
+    record: dict[str, Any] = {
+        "overrides": sorted(overrides), "arm": dict(arm), "seed": int(seed),
+        **{k: result.get(k) for k in RESULT_FIELDS}, "status": status,
+        "valid_curve": curve,
+        "machine": {k: env.get(k) for k in ENV_FIELDS},
+    }
+    return record

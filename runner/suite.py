@@ -1,0 +1,235 @@
+"""A reproduction suite on real data, run cell by cell on this machine (`SCALE=real`).
+
+Each cell (one seed of one arm of a preset in sweeps/) is one `deepinit train` process with one
+CPU thread; `parallel` of them run side by side. A rich progress bar counts cells with an ETA.
+A finished cell's record is written to results/<target>/real/records.jsonl at once, so an
+interrupted suite keeps what it finished, and a later call (on this machine or another) trains
+only the cells that have no record yet. The preset's `sweep.claims` are the pre-registered
+decision rules (runner/evidence.py); the report lists each arm with mean, spread and 95%
+confidence intervals over seeds, and each claim with its verdict.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from runner.console import console
+from runner.evidence import Record, Summary, Verdict, claim_from_dict, judge, summarize
+from runner.records import Records, record_from_run, results_root
+from runner.run.folder import folder_name
+from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
+from runner.sweep.report import markdown_table
+
+SEED_AXIS = "trainer.seed"
+STATUSES = ("ok", "diverged", "stalled", "failed")
+
+
+@dataclass
+class SuiteCell:
+    overrides: list[str]  # what the `deepinit train` call gets (the preset, the cell's axes, extras)
+    key: list[str]  # the result-changing overrides, canonical (the record's identity)
+    arm: dict[str, str]  # the axes other than the seed
+    seed: int
+    record: Optional[dict] = None
+
+    @property
+    def name(self) -> str:
+        return folder_name(self.key, "default")
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.arm.items()) + f" seed={self.seed}"
+
+
+def plan(preset: str, extra: Sequence[str] = ()) -> list[SuiteCell]:
+    """The preset's cells in the preset's axis order."""
+    cells, fixed = plan_cells(preset, extra)
+    out = []
+    for axes in cells:
+        overrides = [f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items()), *fixed]
+        clean = {norm_key(k): v for k, v in axes.items()}
+        seed = int(clean.pop(SEED_AXIS, 1))
+        out.append(SuiteCell(overrides, sorted(canonical(overrides)), clean, seed))
+    return out
+
+
+def results_dir(target: str, tier: str = "real") -> Path:
+    return results_root() / target / tier
+
+
+def attach_records(cells: Sequence[SuiteCell], records: Records) -> None:
+    for cell in cells:
+        cell.record = records.get(cell.key)
+
+
+# ----------------------------------------------------------------------------- running
+def _deepinit() -> list[str]:
+    exe = Path(sys.executable).parent / "deepinit"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "runner.cli"]
+
+
+def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int) -> int:
+    """Train the cells without a record, `parallel` at a time, one thread each; write each
+    finished cell's record at once. Returns the number of cells that crashed."""
+    todo = [c for c in cells if c.record is None]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    work.mkdir(parents=True, exist_ok=True)
+    running: list[tuple[SuiteCell, subprocess.Popen, object]] = []
+    crashed = 0
+    columns = (TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[now]}"))
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("cells", total=len(todo), now="")
+        queue = list(todo)
+        while queue or running:
+            while queue and len(running) < parallel:
+                cell = queue.pop(0)
+                run_dir = work / cell.name
+                log = open(work / f"{cell.name}.out", "w")
+                cmd = [*_deepinit(), "train", *cell.overrides, "trainer.threads=1",
+                       "trainer.progress=false", f"hydra.run.dir={run_dir}"]
+                running.append((cell, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                       env=env), log))
+                progress.update(task, now=f"running: {', '.join(c.label for c, _, _ in running)}")
+            time.sleep(2.0)
+            for item in list(running):
+                cell, proc, log = item
+                if proc.poll() is None:
+                    continue
+                running.remove(item)
+                log.close()
+                record = record_from_run(work / cell.name, cell.key, cell.arm, cell.seed)
+                if record is None or record["status"] == "failed":
+                    crashed += 1
+                    reason = (record or {}).get("reason") or f"exit code {proc.returncode}"
+                    console.print(f"[red]failed[/] {cell.label}: {reason} ({work / cell.name})")
+                else:
+                    cell.record = record
+                    records.put(record)
+                    records.save()
+                    console.print(f"{record['status']:>8} {cell.label}: best valid loss "
+                                  f"{_fmt(record.get('best_valid_loss'), '.3f')}, BLEU "
+                                  f"{_fmt(record.get('bleu'), '.2f')}, {record.get('wall_s') or 0:.0f} s")
+                progress.advance(task)
+                progress.update(task, now=f"running: {', '.join(c.label for c, _, _ in running)}")
+    return crashed
+
+
+# ----------------------------------------------------------------------------- the report
+def _fmt(value: Optional[float], spec: str) -> str:
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def _summary_text(s: Summary, spec: str) -> str:
+    if s.mean is None:
+        return "-"
+    if s.std is None:
+        return f"{s.mean:{spec}} (n=1)"
+    return f"{s.mean:{spec}} ± {s.std:{spec}} [{s.ci_low:{spec}}, {s.ci_high:{spec}}]"
+
+
+def evidence_records(cells: Sequence[SuiteCell]) -> list[Record]:
+    out = []
+    for cell in cells:
+        r = cell.record
+        if r is None:
+            continue
+        out.append(Record(arm=dict(cell.arm), seed=cell.seed, status=r["status"],
+                          metrics={k: r.get(k) for k in ("bleu", "sacrebleu", "best_valid_loss")}))
+    return out
+
+
+def arm_rows(cells: Sequence[SuiteCell]) -> list[list[str]]:
+    arms: dict[tuple, list[SuiteCell]] = {}
+    for cell in cells:
+        arms.setdefault(tuple(cell.arm.items()), []).append(cell)
+    rows = []
+    for arm, members in arms.items():
+        done = [c.record for c in members if c.record is not None]
+        ok = [r for r in done if r["status"] == "ok"]
+
+        def values(key: str) -> list[float]:
+            return [r[key] for r in ok if r.get(key) is not None and math.isfinite(r[key])]
+
+        rows.append([
+            " ".join(f"{k}={v}" for k, v in arm),
+            f"{len(done)}/{len(members)}",
+            str(sum(r["status"] == "diverged" for r in done)),
+            str(sum(r["status"] == "stalled" for r in done)),
+            _summary_text(summarize(values("bleu")), ".2f"),
+            _summary_text(summarize(values("sacrebleu")), ".2f"),
+            _summary_text(summarize(values("best_valid_loss")), ".3f"),
+            _fmt(sum(r.get("wall_s") or 0 for r in done) / 60, ".0f"),
+        ])
+    return rows
+
+
+def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
+    claims = ((load_preset(preset).get("sweep") or {}).get("claims")) or []
+    records = evidence_records(cells)
+    return [judge(claim_from_dict(c), records) for c in claims]
+
+
+def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> str:
+    done = [c.record for c in cells if c.record is not None]
+    commits = sorted({(r.get("machine") or {}).get("git_commit") or "?" for r in done})
+    machines = sorted({f"{(r.get('machine') or {}).get('device_name')}, "
+                       f"{(r.get('machine') or {}).get('threads')} thread(s), torch "
+                       f"{(r.get('machine') or {}).get('torch')}" for r in done})
+    lines = [f"# {title}: real-data tier", "",
+             f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
+             "Each arm: mean ± std over seeds [95% bootstrap CI of the mean]; diverged and "
+             "stalled seeds are counted apart and left out of the means.", "",
+             f"Commits: {', '.join(c[:10] for c in commits) or '-'}. "
+             f"Machines: {'; '.join(machines) or '-'}.", "",
+             markdown_table(["arm", "seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU",
+                             "best valid loss", "CPU min"], arm_rows(cells)), "",
+             "## Claims (rules written in the preset before the run)", ""]
+    rows = [[v.claim.id, v.claim.text, v.measured, f"**{v.verdict}**"] for v in verdicts(preset, cells)]
+    lines += [markdown_table(["claim", "paper", "measured", "verdict"], rows) if rows else "(none)", ""]
+    return "\n".join(lines)
+
+
+def plot_curves(cells: Sequence[SuiteCell], path: Path) -> Optional[Path]:
+    """Validation loss against updates, one colour per arm, one line per seed."""
+    done = [c for c in cells if c.record and c.record.get("valid_curve")]
+    if not done:
+        return None
+    import matplotlib  # noqa: PLC0415 (slow to import; only plots need it)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    arms = sorted({" ".join(f"{k}={v}" for k, v in c.arm.items()) for c in done})
+    colours = {a: plt.cm.tab10(i % 10) for i, a in enumerate(arms)}
+    fig, ax = plt.subplots(figsize=(8, 5))
+    seen = set()
+    for c in done:
+        label = " ".join(f"{k}={v}" for k, v in c.arm.items())
+        steps, losses = zip(*c.record["valid_curve"])
+        ax.plot(steps, losses, color=colours[label], alpha=0.8,
+                label=None if label in seen else label)
+        seen.add(label)
+    ax.set_xlabel("update")
+    ax.set_ylabel("validation loss (label-smoothed, nats/token)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> Path:
+    out = results_dir(target)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(render(target, title, preset, cells))
+    plot_curves(cells, out / "curves.png")
+    return out / "report.md"

@@ -1,0 +1,66 @@
+"""The cells of a sweep preset: what `deepinit -m +sweep=<preset> [overrides]` runs, read from
+the preset's hydra.sweeper.params with Hydra's own override grammar (so values compare equal to
+what Hydra writes into a cell's .hydra/overrides.yaml)."""
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from runner.config.paths import sweeps_dir
+
+
+def norm_key(key: str) -> str:
+    return key.lstrip("+~")
+
+
+def load_preset(preset: str) -> dict:
+    path = sweeps_dir() / f"{preset}.yaml"
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def _parse(lines: Sequence[str]):
+    return OverridesParser.create().parse_overrides(list(lines))
+
+
+# Overrides that do not change a run's result (conf/train.yaml keeps them out of folder names):
+# a cell run with other values of these is the same cell.
+_NOT_A_RESULT = ("hydra", "trainer.progress", "trainer.device", "trainer.threads", "trainer.resume",
+                 "trainer.tensorboard")
+
+
+def canonical(overrides: Sequence[str]) -> frozenset[str]:
+    """Overrides as Hydra writes them into .hydra/overrides.yaml (1e-4 -> 0.0001), hydra.* left
+    out, so a planned cell and its run folder compare equal."""
+    keep = [o for o in overrides if not norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
+    out = []
+    for o in _parse(keep):
+        out.append(f"{o.get_key_element()}={o.get_value_element_as_str()}")
+    return frozenset(out)
+
+
+def plan_cells(preset: str, extra: Sequence[str] = ()) -> tuple[list[dict[str, str]], list[str]]:
+    """The cells a `deepinit -m +sweep=preset *extra` call runs, as {axis: value} in the
+    preset's axis order (values as Hydra writes them), and the extra overrides that are not axes
+    (fixed for every cell). A command-line value replaces the preset's axis of the same key, as
+    Hydra's sweeper does."""
+    params = ((load_preset(preset).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    lines = [f"{k}={v}" for k, v in params.items()]
+    lines += [o for o in extra if not norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
+    axes: dict[str, list[str]] = {}
+    fixed: dict[str, str] = {}
+    for o in _parse(lines):
+        key = o.get_key_element()
+        for k in list(axes) + list(fixed):  # a later value of the same key replaces it
+            if norm_key(k) == norm_key(key):
+                axes.pop(k, None)
+                fixed.pop(k, None)
+        if o.is_discrete_sweep():
+            axes[key] = [str(v) for v in o.sweep_string_iterator()]
+        else:
+            fixed[key] = f"{key}={o.get_value_element_as_str()}"
+    cells = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+    return cells, list(fixed.values())

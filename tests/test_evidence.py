@@ -1,0 +1,308 @@
+"""runner/evidence.py: bootstrap CIs, sign test, paired differences and every verdict branch of `judge`.
+
+Expected values are computed here independently of the implementation (hand values, brute-force
+enumeration, the statistics module), not by calling the code under test a second way.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+import pytest
+
+from runner.evidence import (
+    Claim,
+    Record,
+    Summary,
+    bootstrap_mean_ci,
+    claim_from_dict,
+    judge,
+    paired_difference,
+    sign_test,
+    summarize,
+)
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_bootstrap_ci_of_a_constant_is_a_point():
+    assert bootstrap_mean_ci([0.1, 0.1, 0.1, 0.1]) == (0.1, 0.1)
+    s = summarize([2.5, 2.5, 2.5])
+    assert s == Summary(n=3, mean=2.5, std=0.0, ci_low=2.5, ci_high=2.5)
+
+
+def test_bootstrap_ci_of_one_to_five_contains_the_mean_and_is_deterministic():
+    lo, hi = bootstrap_mean_ci([1, 2, 3, 4, 5], seed=7)
+    assert 1 <= lo < 3 < hi <= 5
+    assert bootstrap_mean_ci([1, 2, 3, 4, 5], seed=7) == (lo, hi)
+
+
+def _enumerated_quantile(values, q):
+    """Quantile q of the exact bootstrap distribution of the mean: all n**n resamples, equal weight."""
+    n = len(values)
+    means = sorted(sum(c) / n for c in itertools.product(values, repeat=n))
+    # Inverted CDF: the smallest mean whose cumulative weight reaches q. q must not sit on a step
+    # (k / n**n), where the Monte Carlo quantile could land on either neighbouring atom.
+    k = q * len(means)
+    assert abs(k - round(k)) > 0.3, "q too close to a step of the exact CDF"
+    return means[math.ceil(k) - 1]
+
+
+@pytest.mark.parametrize("level", [0.95, 0.6])
+def test_bootstrap_ci_matches_brute_force_enumeration(level):
+    values = [0.0, 1.0, 5.0]
+    alpha = 1 - level
+    expected = (_enumerated_quantile(values, alpha / 2), _enumerated_quantile(values, 1 - alpha / 2))
+    lo, hi = bootstrap_mean_ci(values, level=level, resamples=20000, seed=0)
+    assert lo == pytest.approx(expected[0], abs=0.05)
+    assert hi == pytest.approx(expected[1], abs=0.05)
+
+
+def test_bootstrap_rejects_too_few_or_non_finite_values():
+    with pytest.raises(ValueError):
+        bootstrap_mean_ci([1.0])
+    with pytest.raises(ValueError):
+        bootstrap_mean_ci([1.0, float("nan")])
+    with pytest.raises(ValueError):
+        bootstrap_mean_ci([1.0, 2.0], level=1.0)
+
+
+def test_summarize_std_is_sample_std_and_small_n_has_no_spread():
+    values = [31.2, 33.0, 32.1, 30.5]
+    s = summarize(values)
+    assert s.n == 4
+    assert s.mean == pytest.approx(statistics.fmean(values))
+    assert s.std == pytest.approx(statistics.stdev(values))  # ddof=1
+    assert min(values) <= s.ci_low < s.mean < s.ci_high <= max(values)
+    assert summarize([4.0]) == Summary(n=1, mean=4.0, std=None, ci_low=None, ci_high=None)
+    assert summarize([]) == Summary(n=0, mean=None, std=None, ci_low=None, ci_high=None)
+
+
+def test_sign_test_hand_values():
+    assert sign_test(8, 0) == pytest.approx(2 * 0.5**8)  # 0.0078125
+    assert sign_test(0, 8) == pytest.approx(0.0078125)
+    assert sign_test(5, 5) == 1.0
+    assert sign_test(7, 1) == pytest.approx(2 * (math.comb(8, 7) + math.comb(8, 8)) / 2**8)  # 0.0703125
+    assert sign_test(7, 1) == pytest.approx(0.0703125)
+    assert sign_test(0, 0) == 1.0
+    assert sign_test(1, 0) == 1.0  # 2 * 0.5 = 1
+
+
+def test_paired_difference_uses_only_common_seeds():
+    a = {0: 10.0, 1: 12.0, 2: 13.0}
+    b = {1: 11.0, 2: 11.0, 3: -100.0}
+    s = paired_difference(a, b)
+    assert s.n == 2
+    assert s.mean == pytest.approx(((12 - 11) + (13 - 11)) / 2)
+    assert s.std == pytest.approx(statistics.stdev([1.0, 2.0]))
+    assert 1.0 <= s.ci_low <= s.ci_high <= 2.0
+    # Insertion order does not matter: seeds are paired, then taken in sorted order.
+    assert paired_difference(dict(reversed(list(a.items()))), b) == s
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def test_claim_from_dict_normalizes_selectors_and_rejects_unknown_kind():
+    c = claim_from_dict({"id": "c1", "text": "Admin beats Pre-LN (Table 2)", "kind": "better",
+                         "a": {"method": "admin", "layers": 18}, "b": {"method": "preln", "tied": True},
+                         "metric": "best_valid_loss", "higher_is_better": False})
+    assert c == Claim(id="c1", text="Admin beats Pre-LN (Table 2)", kind="better",
+                      a={"method": "admin", "layers": "18"}, b={"method": "preln", "tied": "true"},
+                      metric="best_valid_loss", higher_is_better=False)
+    with pytest.raises(ValueError, match="explodes"):
+        claim_from_dict({"id": "c2", "text": "t", "kind": "explodes", "a": {"method": "postln"}})
+    with pytest.raises(ValueError, match="metrc"):
+        claim_from_dict({"id": "c3", "text": "t", "kind": "trains", "a": {}, "metrc": "bleu"})
+    with pytest.raises(ValueError, match="selector b"):
+        claim_from_dict({"id": "c4", "text": "t", "kind": "better", "a": {"method": "admin"}})
+
+
+# --------------------------------------------------------------------------- judge
+
+
+def _recs(arm, statuses, metric=None, seeds=None, name="bleu"):
+    """Records of one arm, one per status; metric values per seed (None for non-ok cells)."""
+    seeds = list(range(len(statuses))) if seeds is None else seeds
+    out = []
+    for i, (seed, status) in enumerate(zip(seeds, statuses)):
+        value = None if metric is None else metric[i]
+        out.append(Record(arm=dict(arm), seed=seed, status=status, metrics={name: value}))
+    return out
+
+
+POSTLN = {"method": "postln", "warmup": "none"}
+
+
+@pytest.mark.parametrize("statuses, verdict, k", [
+    (["diverged", "diverged", "diverged"], "reproduced", 3),
+    (["ok", "stalled", "ok"], "not reproduced", 0),
+    (["diverged", "ok", "diverged"], "inconclusive", 2),
+    (["diverged", "diverged", "failed"], "reproduced", 2),  # the crash is not evidence
+    (["failed", "failed"], "not run", None),
+])
+def test_judge_diverges(statuses, verdict, k):
+    claim = Claim(id="d", text="Post-LN without warmup diverges (Fig. 1)", kind="diverges",
+                  a={"method": "postln"})
+    records = _recs(POSTLN, statuses) + _recs({"method": "preln", "warmup": "none"}, ["ok", "ok"])
+    v = judge(claim, records)
+    assert v.verdict == verdict
+    if k is not None:
+        n = sum(s != "failed" for s in statuses)
+        assert v.details == {"n": n, "diverged": k}
+        assert f"{k} of {n} seeds diverged" in v.measured
+
+
+@pytest.mark.parametrize("statuses, verdict", [
+    (["ok", "ok", "failed"], "reproduced"),
+    (["diverged", "stalled"], "not reproduced"),
+    (["ok", "stalled", "ok"], "inconclusive"),
+    ([], "not run"),
+])
+def test_judge_trains(statuses, verdict):
+    claim = Claim(id="t", text="Admin trains at 18 layers (Table 2)", kind="trains", a={"method": "admin"})
+    records = _recs({"method": "admin"}, statuses) + _recs(POSTLN, ["diverged"])
+    v = judge(claim, records)
+    assert v.verdict == verdict
+    if statuses:
+        bad = sum(s in ("diverged", "stalled") for s in statuses)
+        assert v.details["trained"] == sum(s == "ok" for s in statuses)
+        assert v.details["diverged"] + v.details["stalled"] == bad
+
+
+def _grid(method, diverged_cells, extra=()):
+    """A depth x seed grid of one method; cells in `diverged_cells` ((depth, seed)) diverged."""
+    out = []
+    for depth in ("6", "12"):
+        for seed in range(4):
+            status = "diverged" if (depth, seed) in diverged_cells else "ok"
+            out.append(Record(arm={"method": method, "layers": depth}, seed=seed, status=status, metrics={}))
+    return out + list(extra)
+
+
+ALL_CELLS = {(d, s) for d in ("6", "12") for s in range(4)}
+GRID_CLAIM = Claim(id="g", text="Post-LN diverges in more grid cells than Pre-LN (Fig. 3)",
+                   kind="more_diverged", a={"method": "postln"}, b={"method": "preln"})
+
+
+def test_judge_more_diverged_reproduced():
+    # 8 pairs, A alone diverged in all: p = 2 * 0.5**8 < 0.05.
+    v = judge(GRID_CLAIM, _grid("postln", ALL_CELLS) + _grid("preln", set()))
+    assert v.verdict == "reproduced"
+    assert (v.details["wins"], v.details["losses"], v.details["pairs"]) == (8, 0, 8)
+    assert v.details["p"] == pytest.approx(0.0078125)
+    assert v.details["pair_axes"] == ["layers"]
+
+
+def test_judge_more_diverged_inconclusive_when_not_significant():
+    # 7 wins, 1 loss: p = 0.0703125 >= 0.05.
+    b_div = {("12", 3)}
+    v = judge(GRID_CLAIM, _grid("postln", ALL_CELLS - b_div) + _grid("preln", b_div))
+    assert v.verdict == "inconclusive"
+    assert (v.details["wins"], v.details["losses"]) == (7, 1)
+    assert v.details["p"] == pytest.approx(0.0703125)
+
+
+def test_judge_more_diverged_not_reproduced_and_ties_ignored():
+    # Both diverged at depth 12 (ties, not counted); at depth 6 A alone in 1 cell, B alone in 2.
+    a_div = {("12", s) for s in range(4)} | {("6", 0)}
+    b_div = {("12", s) for s in range(4)} | {("6", 1), ("6", 2)}
+    v = judge(GRID_CLAIM, _grid("postln", a_div) + _grid("preln", b_div))
+    assert v.verdict == "not reproduced"
+    assert (v.details["wins"], v.details["losses"]) == (1, 2)
+
+
+def test_judge_more_diverged_failed_cells_are_dropped_and_missing_arm_not_run():
+    # A's failed cells at depth 6 leave 4 pairs (depth 12): 4 wins, p = 0.125 -> inconclusive.
+    a = [r if r.arm["layers"] == "12" else Record(r.arm, r.seed, "failed", {}) for r in _grid("postln", ALL_CELLS)]
+    v = judge(GRID_CLAIM, a + _grid("preln", set()))
+    assert v.details["pairs"] == 4 and v.details["wins"] == 4
+    assert v.details["p"] == pytest.approx(2 * 0.5**4)
+    assert v.verdict == "inconclusive"
+    assert judge(GRID_CLAIM, _grid("postln", ALL_CELLS)).verdict == "not run"
+
+
+ADMIN = {"method": "admin", "warmup": "none"}
+PRELN = {"method": "preln", "warmup": "none"}
+BETTER = Claim(id="b", text="Admin beats Pre-LN on BLEU (Table 2)", kind="better",
+               a={"method": "admin"}, b={"method": "preln"})
+
+
+def test_judge_better_reproduced_by_paired_ci():
+    records = _recs(ADMIN, ["ok"] * 3, [30.0, 31.0, 32.0]) + _recs(PRELN, ["ok"] * 3, [29.0, 30.0, 31.2])
+    v = judge(BETTER, records)
+    assert v.verdict == "reproduced"
+    assert v.details["paired"] == 3
+    assert v.details["mean_diff"] == pytest.approx((1.0 + 1.0 + 0.8) / 3)
+    assert 0.8 <= v.details["ci_low"] <= v.details["ci_high"] <= 1.0
+    assert "over 3 paired seeds" in v.measured and "+0.93" in v.measured
+
+
+def test_judge_better_not_reproduced_and_inconclusive():
+    worse = _recs(ADMIN, ["ok"] * 3, [28.0, 29.0, 30.0]) + _recs(PRELN, ["ok"] * 3, [29.0, 30.0, 31.2])
+    assert judge(BETTER, worse).verdict == "not reproduced"
+    # Differences +1, -1, +0.5: the CI spans the all-(-1) and all-(+1) resamples, so it contains 0.
+    mixed = _recs(ADMIN, ["ok"] * 3, [30.0, 29.0, 31.5]) + _recs(PRELN, ["ok"] * 3, [29.0, 30.0, 31.0])
+    v = judge(BETTER, mixed)
+    assert v.verdict == "inconclusive"
+    assert v.details["ci_low"] < 0 < v.details["ci_high"]
+
+
+def test_judge_better_lower_is_better_flips_the_sign():
+    claim = Claim(id="l", text="Admin reaches a lower valid loss (Table 2)", kind="better",
+                  a={"method": "admin"}, b={"method": "preln"}, metric="loss", higher_is_better=False)
+    records = (_recs(ADMIN, ["ok"] * 3, [3.0, 3.1, 3.2], name="loss")
+               + _recs(PRELN, ["ok"] * 3, [3.5, 3.5, 3.6], name="loss"))
+    v = judge(claim, records)
+    assert v.verdict == "reproduced"
+    assert v.details["mean_diff"] == pytest.approx((0.5 + 0.4 + 0.4) / 3)
+
+
+def test_judge_better_pairs_only_common_ok_seeds():
+    # Seed 3 of A has no partner; B's seed 4 has none either; A's failed seed 0 is not evidence.
+    a = _recs(ADMIN, ["failed", "ok", "ok", "ok"], [99.0, 30.0, 31.0, 50.0], seeds=[0, 1, 2, 3])
+    b = _recs(PRELN, ["ok", "ok", "ok", "ok"], [10.0, 29.0, 30.5, 0.0], seeds=[0, 1, 2, 4])
+    v = judge(BETTER, a + b)
+    assert v.details["paired"] == 2
+    assert v.details["mean_diff"] == pytest.approx((1.0 + 0.5) / 2)
+    assert v.verdict == "reproduced"
+
+
+def test_judge_better_divergence_branches():
+    # B diverged/stalled more and A never: reproduced whatever the metric says.
+    a = _recs(ADMIN, ["ok"] * 3, [20.0, 20.0, 20.0])
+    b = _recs(PRELN, ["diverged", "stalled", "ok"], [None, None, 30.0])
+    v = judge(BETTER, a + b)
+    assert v.verdict == "reproduced" and (v.details["a_bad"], v.details["b_bad"]) == (0, 2)
+    # A diverged more than B: not reproduced.
+    a = _recs(ADMIN, ["diverged", "ok", "ok"], [None, 40.0, 40.0])
+    b = _recs(PRELN, ["ok"] * 3, [20.0, 20.0, 20.0])
+    assert judge(BETTER, a + b).verdict == "not reproduced"
+    # Equal counts: compare the seeds where both are ok (seeds 1 and 2).
+    a = _recs(ADMIN, ["diverged", "ok", "ok"], [None, 31.0, 32.0])
+    b = _recs(PRELN, ["ok", "ok", "stalled"], [25.0, 30.0, None])
+    v = judge(BETTER, a + b)
+    assert v.verdict == "inconclusive" and v.details["paired"] == 1  # one pair < 2
+    a = _recs(ADMIN, ["diverged", "ok", "ok", "ok"], [None, 31.0, 32.0, 33.0])
+    b = _recs(PRELN, ["stalled", "ok", "ok", "ok"], [None, 30.0, 30.5, 31.0])
+    v = judge(BETTER, a + b)
+    assert v.verdict == "reproduced" and v.details["paired"] == 3
+
+
+def test_judge_better_not_run_when_an_arm_only_crashed():
+    a = _recs(ADMIN, ["ok", "ok"], [30.0, 31.0])
+    b = _recs(PRELN, ["failed", "failed"], [None, None])
+    v = judge(BETTER, a + b)
+    assert v.verdict == "not run"
+    assert "method=preln" in v.measured
+
+
+def test_judge_rejects_overlapping_selectors_and_ambiguous_pairs():
+    overlap = Claim(id="o", text="t", kind="better", a={"method": "admin"}, b={"warmup": "none"})
+    with pytest.raises(ValueError, match="both selectors"):
+        judge(overlap, _recs(ADMIN, ["ok", "ok"], [1.0, 2.0]))
+    # Two non-failed records for the same seed of A (a rerun not deduplicated): pairing is ambiguous.
+    twice = _recs(ADMIN, ["ok", "ok"], [1.0, 2.0], seeds=[0, 0]) + _recs(PRELN, ["ok"], [1.0])
+    with pytest.raises(ValueError, match="ambiguous"):
+        judge(BETTER, twice)

@@ -1,0 +1,29 @@
+"""init=tfixup trains without warmup unless the user sets one explicitly (the CLI applies the
+scheme's warmup_updates and says so)."""
+from __future__ import annotations
+
+import pytest
+
+from runner.cli.train import scheme_warmup
+from tests.conftest import compose
+
+
+@pytest.mark.parametrize("overrides, choices, expected, changed", [
+    (["init=tfixup", "norm=none"], {"warmup": "default"}, 0, True),
+    (["init=tfixup", "norm=none", "warmup.updates=300"], {"warmup": "default"}, 300, False),
+    (["init=tfixup", "norm=none", "warmup=none"], {"warmup": "none"}, 0, False),
+    (["init=xavier"], {"warmup": "default"}, 100, False),
+])
+def test_tfixup_drops_warmup_unless_set(overrides, choices, expected, changed):
+    cfg = compose(overrides)
+    note = scheme_warmup(cfg, choices, [o for o in overrides if o.startswith("warmup")])
+    assert cfg.warmup.updates == expected
+    assert (note is not None) == changed
+    if changed:
+        assert note == "init=tfixup trains without warmup: warmup.updates=0 (set warmup.updates=N to use one)"
+
+
+def test_a_preset_value_counts_as_explicit():
+    cfg = compose(["init=tfixup", "norm=none"])
+    cfg.warmup.updates = 4000  # what a sweep preset writing warmup.updates: 4000 composes to
+    assert scheme_warmup(cfg, {"warmup": "default"}, []) is None and cfg.warmup.updates == 4000
