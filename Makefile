@@ -1,6 +1,7 @@
 # deepinit: set-up, tests, benchmarks and reproductions.
+#   make train   the default run (built-in toy task, CPU-sized model); installs first if needed
+#   make test    run the test suite (CPU); installs first if needed
 #   make setup   create .venv and install deepinit (editable) with its dev extras
-#   make test    run the test suite (CPU)
 # TORCH selects the PyTorch requirement installed first. Users keep the default (their own
 # build, e.g. a CUDA wheel, is left alone if already present); CI pins the local CPU build:
 #   make setup TORCH=torch==2.13.0
@@ -19,22 +20,28 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 
-setup: $(BIN)/python
+INSTALLED := $(VENV)/.deepinit-installed
+
+$(INSTALLED): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install "$(TORCH)"
 	# compat editable mode: Hydra's plugin scan must see hydra_plugins/ (the local launcher)
 	$(BIN)/python -m pip install -e ".[dev]" --config-settings editable_mode=compat
+	touch $(INSTALLED)
 
-# Real corpora for the tests (multi30k/, iwslt14-de-en-fairseq/): $DEEPINIT_DATA_ROOT when set,
-# else ../shared/data beside the checkout; make test DATA_ROOT=PATH picks another folder.
-DATA_ROOT ?= $(or $(DEEPINIT_DATA_ROOT),$(abspath ../shared/data))
+setup: $(INSTALLED)
 
-test:
-	OMP_NUM_THREADS=1 DEEPINIT_DATA_ROOT="$(DATA_ROOT)" $(BIN)/python -m pytest $(PYTEST_ARGS)
+# Real corpora for the tests (multi30k/, iwslt14-de-en-fairseq/) are read from $DEEPINIT_DATA_ROOT
+# (make test DATA_ROOT=PATH sets it); tests whose corpus is missing skip and say where they looked.
+DATA_ROOT ?= $(DEEPINIT_DATA_ROOT)
+DATA_ENV = $(if $(DATA_ROOT),DEEPINIT_DATA_ROOT="$(abspath $(DATA_ROOT))")
 
-test-fast:
-	OMP_NUM_THREADS=1 DEEPINIT_DATA_ROOT="$(DATA_ROOT)" $(BIN)/python -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+test: $(INSTALLED)
+	OMP_NUM_THREADS=1 $(DATA_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-train:
+test-fast: $(INSTALLED)
+	OMP_NUM_THREADS=1 $(DATA_ENV) $(BIN)/python -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+
+train: $(INSTALLED)
 	$(BIN)/deepinit train
 
 clean:
@@ -56,7 +63,7 @@ example-multi30k:
 # e.g. make bench BENCH_ARGS="--presets small --depths"; THREADS sets torch's CPU threads.
 .PHONY: bench bench-peer
 THREADS ?= 0
-PEER_TOOLS ?= ../shared/tools/peer
+PEER_TOOLS ?=  # the folder of peer_setup.sh and peer_train_bench.sh (the fairseq peer)
 BENCH_ARGS ?=
 
 bench:
@@ -64,11 +71,12 @@ bench:
 
 # fairseq in its own venv outside the repo (first run compiles, ~5 min), then both alternating.
 bench-peer:
+	@test -n "$(PEER_TOOLS)" || { echo "make bench-peer needs PEER_TOOLS=DIR (the folder of peer_setup.sh)" >&2; exit 2; }
 	bash $(PEER_TOOLS)/peer_setup.sh
 	$(BIN)/deepinit bench --peer --threads $(if $(filter 0,$(THREADS)),2,$(THREADS)) --peer-tools $(PEER_TOOLS) $(BENCH_ARGS)
 
 # One command per published table (deepinit reproduce, docs/reproductions.md):
-#   make reproduce-table2 [SCALE=cpu|paper] [LAUNCHER=basic|local|slurm] [DRY_RUN=1] [REPRODUCE_ARGS="overrides"]
+#   make reproduce-table2 [SCALE=cpu|real|paper] [LAUNCHER=basic|local|slurm] [DRY_RUN=1] [REPRODUCE_ARGS="overrides"]
 # SCALE defaults to paper when a GPU is visible, else cpu. Runs land in
 # outputs/reproduce/<target>-<scale>/; a second call runs only the unfinished cells.
 SCALE ?=

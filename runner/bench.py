@@ -36,12 +36,12 @@ import numpy as np
 import torch
 from rich.table import Table
 
-from runner.config import Config
+from runner.config import Config, config_from_dict
 from runner.console import console
 from runner.data.corpus import default_corpus_dir
 from runner.decode.search import decode_throughput
 from runner.run.build import build_run
-from runner.run.folder import cpu_name
+from runner.run.folder import cpu_name, write_json
 from runner.train.loop import Callback, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -358,17 +358,22 @@ class RecordCollector(Callback):
         self.records.append(record)
 
 
-def run_entry(entry: Entry, work: Path, compose: Callable[[list[str]], Config]) -> dict:
-    """Train `entry` for warm-up + timed updates with the real train loop, then decode.
-    `compose` turns override lists into a Config (the CLI's composition)."""
-    if entry.threads:
-        torch.set_num_threads(entry.threads)
-    cuda = entry.device == "cuda" or (entry.device == "auto" and torch.cuda.is_available())
+def _uses_cuda(entry: Entry) -> bool:
+    return entry.device == "cuda" or (entry.device == "auto" and torch.cuda.is_available())
+
+
+def entry_schedule(entry: Entry) -> tuple[int, int, int]:
+    """(log interval, untimed warm-up updates, warm-up + timed updates)."""
     # CPU: a record per update (no cost without a device to sync); CUDA: one per window, so
     # the only host syncs are the trainer's own logging steps.
-    log_interval = entry.steps if cuda else 1
+    log_interval = entry.steps if _uses_cuda(entry) else 1
     warmup = -(-entry.warmup // log_interval) * log_interval
-    updates = warmup + entry.steps * entry.windows
+    return log_interval, warmup, warmup + entry.steps * entry.windows
+
+
+def entry_overrides(entry: Entry, work: Path) -> list[str]:
+    """The config overrides of one entry (writes its corpus folder first)."""
+    log_interval, _, updates = entry_schedule(entry)
     # one more untimed update: its batch request closes the last timed update's CPU time
     total_updates = updates + 1
     corpus = write_corpus(work / "data", entry.vocab)
@@ -382,7 +387,16 @@ def run_entry(entry: Entry, work: Path, compose: Callable[[list[str]], Config]) 
         f"trainer.threads={entry.threads}"]
     if not any(o.startswith("warmup") for o in entry.overrides):
         overrides.append(f"warmup.updates={min(4000, total_updates)}")  # the recipe's 4000, capped
-    cfg = compose(overrides)
+    return overrides
+
+
+def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
+    """Train `entry` (composed into `cfg` from `overrides`) for warm-up + timed updates with the
+    real train loop, then decode."""
+    if entry.threads:
+        torch.set_num_threads(entry.threads)
+    cuda = _uses_cuda(entry)
+    _, warmup, updates = entry_schedule(entry)
     rss_start = rss_mb()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -487,19 +501,29 @@ def full_length_decoding(model, eos: int) -> None:
     model.__class__ = FullLength
 
 
-def run_isolated(entry: Entry, work: Path) -> dict:
-    """run_entry in a fresh interpreter, so peak memory and allocator state are the entry's own."""
+def worker_main(argv: list[str]) -> int:
+    """python -m runner.bench SPEC.json OUT.json: one entry with its composed config."""
+    spec = json.loads(Path(argv[0]).read_text())
+    out = run_entry(Entry(**spec["entry"]), config_from_dict(spec["config"]), spec["overrides"])
+    write_json(Path(argv[1]), out, indent=1)
+    return 0
+
+
+def run_isolated(entry: Entry, work: Path, compose: Callable[[list[str]], Config]) -> dict:
+    """run_entry in a fresh interpreter, so peak memory and allocator state are the entry's own.
+    `compose` makes the entry's Config from its overrides (the CLI's composition)."""
     work.mkdir(parents=True, exist_ok=True)
     spec = work / f"{entry.name}.entry.json"
     out = work / f"{entry.name}.result.json"
-    spec.write_text(json.dumps(asdict(entry)))
+    overrides = entry_overrides(entry, work)
+    write_json(spec, {"entry": asdict(entry), "overrides": overrides,
+                      "config": asdict(compose(overrides))})
     out.unlink(missing_ok=True)
     env = dict(os.environ)
     if entry.threads:
         env.update(OMP_NUM_THREADS=str(entry.threads), MKL_NUM_THREADS=str(entry.threads))
     t0 = time.perf_counter()
-    # The worker is `deepinit bench`'s own module run as a script (runner/cli/bench.py).
-    proc = subprocess.run([sys.executable, "-m", "runner.cli.bench", str(spec), str(work), str(out)],
+    proc = subprocess.run([sys.executable, "-m", "runner.bench", str(spec), str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not out.is_file():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
@@ -561,7 +585,7 @@ def peer_ready(args) -> Optional[str]:
 TARGETS = {"tokens_per_s": 1.3, "beam5_sentences_per_s": 1.5}
 
 
-def peer_comparison(args, work: Path, peak: dict) -> dict:
+def peer_comparison(args, work: Path, peak: dict, compose: Callable[[list[str]], Config]) -> dict:
     """deepinit and fairseq alternating, run by run, on the peer's configurations."""
     comparison: dict[str, Any] = {}
     for name in args.peer_configs:
@@ -575,7 +599,7 @@ def peer_comparison(args, work: Path, peak: dict) -> dict:
             entry = preset_entry(name, args, peer=True)
             entry.decode = entry.decode if decode else 0
             console.print(f"[bold]bench-peer[/] {name}: run {rep + 1}/{args.reps}: deepinit ...")
-            ours_runs.append(run_isolated(entry, work))
+            ours_runs.append(run_isolated(entry, work, compose))
         comparison[name] = summarize_pair(name, peer_name, ours_runs, peer_runs, peak)
     return comparison
 
@@ -772,8 +796,9 @@ def machine_info(device: str, threads: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- main
-def run_bench(args, argv: list[str]) -> int:
-    """`deepinit bench` with parsed arguments (runner/cli/bench.py); the exit code."""
+def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> int:
+    """`deepinit bench` with parsed arguments (runner/cli/bench.py); the exit code. `compose`
+    makes a Config from overrides (the CLI's composition)."""
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if args.device == "cuda" and not torch.cuda.is_available():
         print("deepinit: error: --device cuda but no CUDA device is visible", file=sys.stderr)
@@ -813,7 +838,7 @@ def run_bench(args, argv: list[str]) -> int:
                   f"({report['peak']['source']}); load average {os.getloadavg()[0]:.2f}")
 
     if args.peer:
-        report["peer"] = peer_comparison(args, work, report["peak"])
+        report["peer"] = peer_comparison(args, work, report["peak"], compose)
     else:
         plan = [preset_entry(name, args) for name in args.presets]
         # --quick: checkpointing only (the path with more to go wrong)
@@ -822,13 +847,13 @@ def run_bench(args, argv: list[str]) -> int:
         for entry in plan:
             console.print(f"[bold]bench[/] {entry.name}: {entry.warmup} warm-up + "
                           f"{entry.windows} x {entry.steps} timed updates ...")
-            result = run_isolated(entry, work)
+            result = run_isolated(entry, work, compose)
             if result["status"] == "failed":
                 console.print(f"[red]{entry.name} failed[/]:\n{result['error']}")
             report["entries"].append(result)
     report["machine"]["loadavg_end"] = os.getloadavg()
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=1, default=float))
+    write_json(out_path, report, indent=1)
     out_path.with_suffix(".md").write_text(markdown_tables(report) + "\n")
     print_tables(report)
     console.print(f"JSON: {out_path} (Markdown tables: {out_path.with_suffix('.md')})")
@@ -838,3 +863,6 @@ def run_bench(args, argv: list[str]) -> int:
         failed += [f"fairseq {row['peer_config']}" for r in row["fairseq_runs"] if r["returncode"] != 0]
     return 1 if failed else 0
 
+
+if __name__ == "__main__":  # the worker of run_isolated
+    sys.exit(worker_main(sys.argv[1:]))

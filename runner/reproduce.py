@@ -1,10 +1,11 @@
-"""One command per published table: `make reproduce-<target>` (`python -m runner.reproduce`).
+"""One command per published table: `make reproduce-<target>` (`deepinit reproduce`).
 
-    python -m runner.reproduce TARGET [--scale cpu|paper] [--launcher basic|local|slurm]
-                               [--dry-run] [--no-eval] [--out DIR] [overrides ...]
+    deepinit reproduce TARGET [--scale cpu|real|paper] [--launcher basic|local|slurm]
+                              [--dry-run] [--no-eval] [--out DIR] [overrides ...]
 
-TARGET is table2 | grid | tfixup-depth | lipschitz (`list` prints them). Each target is one or
-more sweep presets (`sweeps/reproduce_<target>_<scale|dataset>.yaml`) run through `deepinit -m`
+TARGET is table2 | grid | tfixup-depth | lipschitz (`list` prints them). SCALE=real runs the
+target's Multi30k suite cell by cell with records in results/ (runner/suite.py); the other
+scales are one or more sweep presets (`sweeps/reproduce_<target>_<scale|dataset>.yaml`) run through `deepinit -m`
 into `outputs/reproduce/<target>-<scale>/` (a fixed folder, so a second call only runs the cells
 that have not finished: the trainer skips finished ones). Finished cells are then scored
 (the same scoring as `deepinit eval`), and the table is printed in the paper's layout with the

@@ -35,8 +35,8 @@ def tiny_overrides():
 
 
 def staged_data(folder: str) -> Path:
-    """A real corpus folder (e.g. "multi30k") under the data root: $DEEPINIT_DATA_ROOT, which
-    `make test` sets to ../shared/data beside the checkout, else deepinit's per-user default."""
+    """A real corpus folder (e.g. "multi30k") under the data root: $DEEPINIT_DATA_ROOT (`make test
+    DATA_ROOT=PATH` sets it), else deepinit's per-user default."""
     from runner.data.corpus import default_data_root
 
     return default_data_root() / folder
@@ -48,4 +48,4 @@ def needs_staged(folder: str, what: str):
     return pytest.mark.skipif(
         not path.is_dir(),
         reason=f"{what} not found at {path}: set DEEPINIT_DATA_ROOT to the folder that holds "
-               f"{folder.split('/')[0]}/ (make test uses ../shared/data)")
+               f"{folder.split('/')[0]}/ (or run make test DATA_ROOT=PATH)")

@@ -197,3 +197,19 @@ def test_kernel_selection():
     assert select("cpu", 5, 500, decoding=True) is kernels.matmul_decoding_attention
     for decoding in (False, True):
         assert select("cuda", 1, 7, decoding=decoding) is kernels.sdpa_attention
+
+
+def test_kernels_are_chosen_when_the_model_is_placed():
+    from runner.model.seq2seq import Seq2Seq
+    from runner.model.sublayer import ResidualSpec
+    from tests.conftest import compose
+
+    cfg = compose(["model=ci"])
+    model = Seq2Seq(cfg.model, cfg.norm, 20, 20, 1, ResidualSpec())
+    attentions = [m for m in model.modules() if isinstance(m, MultiheadAttention)]
+    assert attentions and all(m.kernels.device_type == "cpu" for m in attentions)
+    assert attentions[0].kernels.full(7) is kernels.matmul_attention
+    model.select_kernels("cuda")  # what build_run does after model.to(device)
+    assert all(m.kernels.device_type == "cuda" for m in attentions)
+    assert attentions[0].kernels.full(7) is kernels.sdpa_attention
+    assert attentions[0].kernels.decoding(1) is kernels.sdpa_attention

@@ -27,6 +27,8 @@ CELLS = {
     "norm-post_init-admin": ["norm=post", "init=admin"],
     "norm-pre_init-xavier": ["norm=pre", "init=xavier"],
     "norm-none_init-tfixup": ["norm=none", "init=tfixup"],
+    # two micro-batches per update: the order in which their losses are summed is kept
+    "norm-post_init-xavier_update-freq-2": ["norm=post", "init=xavier", "trainer.update_freq=2"],
 }
 TIMING = ("tokens_per_s", "wall_s")
 

@@ -21,7 +21,9 @@ def test_label_smoothed_loss_by_hand():
     logp = [math.log(v / z) for v in p]
     nll = -logp[0]
     smooth = -sum(logp)
-    want = (1 - eps) * nll + eps / 4 * smooth  # TFX/CLN form, eps / V (methods 1.5)
+    # the forks' form, eps / V (label_smoothed_cross_entropy.py of layer6ai-labs/T-Fixup and
+    # LiyuanLucasLiu/Transformer-Clinic)
+    want = (1 - eps) * nll + eps / 4 * smooth
     loss, got_nll = label_smoothed_nll(logits, target, eps, pad)
     assert loss.item() == pytest.approx(want, rel=1e-6)
     assert got_nll.item() == pytest.approx(nll, rel=1e-6)
@@ -79,7 +81,8 @@ def test_tfixup_inverse_sqrt_without_warmup():
 
 
 def test_linear_no_warmup_admin_recipe():
-    # methods 4.5: update 0 at 1e-7, then (LR - min)(1 - (t-1)/(T-1)) + min
+    # LiyuanLucasLiu/Transformer-Clinic radam_fairseq/linear_schedule.py: update 0 at 1e-7, then
+    # (LR - min)(1 - (t-1)/(T-1)) + min
     cfg = cfg_for(["optim.lr=3e-4", "schedule=linear", "schedule.min_lr=0", "warmup.updates=1",
                    "warmup.init_lr=1e-7", "trainer.max_updates=1000"])
     assert lr_at(0, cfg) == pytest.approx(1e-7)
@@ -146,7 +149,7 @@ def test_radam_variants_first_updates(mode):
     want = expected_radam(start, grads, mode)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
-    if mode == "admin":  # steps 1-5 only decay the weights (methods 9.2)
+    if mode == "admin":  # steps 1-5 only decay the weights (Transformer-Clinic radam_fairseq/radam.py)
         torch.testing.assert_close(got[4], start * (1 - 0.1 * 0.01) ** 5)
 
 

@@ -52,7 +52,8 @@ def count_norms(module):
 
 def test_placement_table():
     # Pre-LN: a norm before each branch plus a final norm per stack; Post-LN: one after each
-    # residual add and no final norm; none: no norm at all (methods 1.2).
+    # residual add and no final norm (fairseq/models/transformer.py); none: no norm at all
+    # (layer6ai-labs/T-Fixup's --dont-use-layernorm).
     _, post, _ = model_for(["norm=post"])
     _, pre, _ = model_for(["norm=pre"])
     _, none, _ = model_for(["norm=none"])
@@ -129,7 +130,8 @@ def test_embedding_sharing(share):
 
 
 def test_xavier_baseline_bounds():
-    """methods 1.4: q/k/v gain 1/sqrt(2), out/fc gain 1, zero biases, embeddings N(0, d^-1/2)."""
+    """The forks' default Xavier (layer6ai-labs/T-Fixup, LiyuanLucasLiu/Transformer-Clinic): q/k/v
+    gain 1/sqrt(2), out/fc gain 1, zero biases, embeddings N(0, d^-1/2)."""
     _, model, _ = model_for(["model.dim=64", "model.ffn_dim=256", "model.heads=4"])
     d, f = 64, 256
     for ref in model.sublayers():
@@ -173,9 +175,9 @@ def test_per_stack_placement_admin_table_1():
     assert isinstance(model.decoder.final_norm, torch.nn.LayerNorm)
     assert torch.isfinite(model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)).all()
     from runner.config import ConfigError
-    from runner.run.build import check_config as validate
+    from runner.run.build import check_config
     with pytest.raises(ConfigError, match="use norm=post"):
-        validate(compose(["init=admin", "norm=post", "norm.decoder_placement=pre"]))
+        check_config(compose(["init=admin", "norm=post", "norm.decoder_placement=pre"]))
 
 
 NO_DROPOUT = ["model.dropout=0", "model.attention_dropout=0", "model.activation_dropout=0"]
@@ -210,9 +212,9 @@ def test_unpadded_training_forward_equals_the_padded_one(overrides):
 
 @pytest.mark.parametrize("case", ["key_mask", "causal", "cross"])
 def test_cpu_matmul_attention_equals_sdpa(case, monkeypatch):
-    """Short keys on CPU take the matmul path (attention.CPU_MATMUL_ATTENTION_MAX_KEYS); its
+    """Short keys on CPU take the matmul path (kernels.CPU_MATMUL_ATTENTION_MAX_KEYS); its
     outputs and gradients must be sdpa's, masks and causal alignment included."""
-    from runner.model import attention
+    from runner.model import attention, kernels
     torch.manual_seed(0)
     attn = attention.MultiheadAttention(32, 4, dropout=0.0, self_attention=case != "cross").train()
     x = torch.randn(6, 9, 32, requires_grad=True)
@@ -226,7 +228,7 @@ def test_cpu_matmul_attention_equals_sdpa(case, monkeypatch):
                         lambda *a, **k: sdpa_calls.append(1) or real_sdpa(*a, **k))
     out = attn(x, memory, attn_mask=mask, is_causal=case == "causal")
     assert not sdpa_calls  # the matmul path
-    monkeypatch.setattr(attention, "CPU_MATMUL_ATTENTION_MAX_KEYS", keys - 1)
+    attn.kernels = kernels.AttentionKernels("cpu", max_matmul_keys=keys - 1)
     reference = attn(x, memory, attn_mask=mask, is_causal=case == "causal")
     assert len(sdpa_calls) == 1  # longer keys than the limit: sdpa
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)

@@ -11,7 +11,7 @@ import yaml
 
 from runner import reproduce as rp
 from runner.cli.reproduce import main as reproduce_main
-from runner.run.build import check_config as validate
+from runner.run.build import check_config
 from tests.conftest import REPO, compose
 
 PAPER_ENV = {"DEEPINIT_IWSLT14_DIR": "/nonexistent/iwslt", "DEEPINIT_WMT14_DIR": "/nonexistent/wmt"}
@@ -97,7 +97,8 @@ def test_wall_time_estimate_packs_cells_into_slots():
       "warmup.updates": 200, "data.max_tokens": 1024, "trainer.max_updates": 600}),
     ("reproduce_lipschitz_cpu", {"+reproduce": "order_v2", "init": "xavier", "model.layers": "12"},
      {"norm.placement": "pre", "norm.embedding_norm": False}),
-    # paper recipes: methods 4.4 (IWSLT), 4.6 (WMT'14), 4.5 (grid), 3.3 (T-Fixup)
+    # paper recipes: Transformer-Clinic nmt-experiments/iwslt14_de-en.md (IWSLT, and the no-warmup grid),
+    # nmt-experiments/wmt14_en-de.md (WMT'14); layer6ai-labs/T-Fixup Train_IWSLT_TFixup_example.sh (T-Fixup)
     ("reproduce_table2_iwslt14", {"method": "pre_ln", "trainer.seed": "3333"},
      {"model.dim": 512, "model.ffn_dim": 1024, "optim.lr": 7e-4, "warmup.updates": 6000,
       "warmup.init_lr": 1e-7, "model.dropout": 0.3, "trainer.max_updates": 100000,
@@ -117,7 +118,7 @@ def test_preset_cells_compose_validate_and_follow_the_recipe(monkeypatch, preset
     for k, v in PAPER_ENV.items():
         monkeypatch.setenv(k, v)
     cfg = compose([f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items())])
-    validate(cfg)
+    check_config(cfg)
     for dotted, want in expect.items():
         node = cfg
         for part in dotted.split("."):

@@ -2,7 +2,8 @@
 
 Bring one up with `WITH_ACCOUNTING=1 WITH_FAKE_GPUS=2 bash ci/slurm-single-node.sh up` (.ci/run
 does); without `sinfo` or an idle node these tests skip. Accounting matters: submitit reads job
-states from sacct, and a requeued job would otherwise look lost (infra.md section 5).
+states from sacct, and a requeued job would otherwise look lost (see WITH_ACCOUNTING in
+ci/slurm-single-node.sh).
 """
 import csv
 import json

@@ -55,6 +55,11 @@ def arm_config(cfg: Config, warmup: int, updates: int) -> Config:
     cfg.trainer.max_updates = max(cfg.trainer.max_updates, warmup, updates)
     cfg.trainer.unpad = False
     cfg.trainer.device = "cpu"
+    # one micro-batch per update in fp32, eager: the probes read one forward's activations
+    cfg.trainer.update_freq = 1
+    cfg.trainer.precision = "fp32"
+    cfg.trainer.compile = False
+    cfg.trainer.threads = 0  # leave torch's thread count to `deepinit analyze --threads`
     cfg.model.activation_checkpointing = False
     check_config(cfg)
     return cfg
@@ -91,7 +96,7 @@ class EarlyTrainingProbe(Callback):
 
 def train_arm(cfg: Config, updates: int) -> dict:
     """K updates of the train loop's own step from the configured init, with the probe."""
-    parts = build_run(cfg)
+    parts = build_run(cfg, data=common.data_for(cfg))
     probe = EarlyTrainingProbe(parts.model)
     trainer = Trainer(parts, [probe])
     parts.model.train()

@@ -1,13 +1,7 @@
-"""`deepinit bench`: training and decoding throughput, memory and MFU (runner/bench.py).
-
-Run as a script (`python -m runner.cli.bench ENTRY.json WORK_DIR OUT.json`) it is the worker
-that measures one entry in a fresh interpreter.
-"""
+"""`deepinit bench`: training and decoding throughput, memory and MFU (runner/bench.py)."""
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
 from runner import bench
@@ -53,16 +47,4 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    return bench.run_bench(parse_args(argv), argv)
-
-
-def worker(argv: list[str]) -> int:
-    """ENTRY.json WORK_DIR OUT.json: measure one entry, write its result."""
-    entry = bench.Entry(**json.loads(Path(argv[0]).read_text()))
-    out = bench.run_entry(entry, Path(argv[1]), compose)
-    Path(argv[2]).write_text(json.dumps(out, indent=1, default=float))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(worker(sys.argv[1:]))
+    return bench.run_bench(parse_args(argv), argv, compose)

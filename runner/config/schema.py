@@ -208,7 +208,7 @@ class TrainerConfig:
     resume: bool = True  # continue from checkpoint_last.pt / skip a finished run
     progress: Optional[bool] = None  # null: a live bar when the console is a terminal
     tensorboard: bool = True
-    # evaluation (runner/evaluate.py, docs/evaluation.md). In-training decoding uses fairseq's
+    # evaluation (runner/run/evaluate.py, docs/evaluation.md). In-training decoding uses fairseq's
     # --eval-bleu settings (fairseq examples/translation/README.md:
     # beam 5, max_len_a 1.2, max_len_b 10).
     valid_bleu: bool = False  # tokenized BLEU of the valid split at every validation

@@ -13,9 +13,11 @@ import logging
 import os
 import zlib
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Sequence
 
+from runner.data.cache import cached
 from runner.data.dataset import TokenizedSplit, TranslationData
 from runner.data.dictionary import Dictionary
 from runner.data.subword import BPE_SYMBOL, BPEError, SubwordNmtCodes, learn_bpe, remove_bpe
@@ -326,9 +328,8 @@ def _key_parts(cfg, directory: Path, wanted: Sequence[str],
         "empty_lines": cfg.empty_lines,
         "max_positions": [cfg.max_source_positions, cfg.max_target_positions]}
     if cfg.bpe == "tokenizers":
-        import tokenizers  # noqa: PLC0415 (heavy; only the tokenizers BPE needs its version)
         parts["bpe_merges"] = cfg.bpe_merges
-        parts["tokenizers"] = tokenizers.__version__
+        parts["tokenizers"] = version("tokenizers")
     if cfg.bpe == "codes" and cfg.bpe_codes:
         parts["bpe_codes"] = resolve_file(cfg.bpe_codes)
     if dictionaries is not None:
@@ -347,8 +348,6 @@ def load_translation_data(cfg, splits: Sequence[str] | None = None,
     """
     if cfg.name not in ("multi30k", "iwslt14", "custom"):
         raise CorpusError(f"load_translation_data does not handle data={cfg.name}")
-    from runner.data.cache import cached  # noqa: PLC0415 (numpy I/O; only loading needs it)
-
     directory = existing_corpus_dir(cfg)
     wanted = list(dict.fromkeys(splits or (cfg.train_split, cfg.valid_split, cfg.test_split)))
     if (dictionaries is None or cfg.bpe == "tokenizers") and cfg.train_split not in wanted:

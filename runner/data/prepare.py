@@ -27,6 +27,9 @@ import tarfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
+from subword_nmt.learn_bpe import learn_bpe as snmt_learn
+
 from runner.data.corpus import CorpusError, decode_lines, default_corpus_dir, read_lines
 from runner.data.subword import SubwordNmtCodes, learn_bpe
 
@@ -82,16 +85,12 @@ def xml_segments(lines: Iterable[str]) -> list[str]:
 def moses_tokenize(lines: Iterable[str], lang: str) -> list[str]:
     """tokenizer.perl -l LANG: XML-escaped output (&apos; &quot; ...), no aggressive hyphen
     splitting; whitespace-only lines pass through unchanged as in the perl script."""
-    from sacremoses import MosesTokenizer  # noqa: PLC0415 (optional; only preparing needs it)
-
     tok = MosesTokenizer(lang=lang)
     return [line if not line.strip() else tok.tokenize(line, escape=True, return_str=True)
             for line in lines]
 
 
 def moses_normalize(lines: Iterable[str], lang: str) -> list[str]:
-    from sacremoses import MosesPunctNormalizer  # noqa: PLC0415 (optional; only preparing needs it)
-
     norm = MosesPunctNormalizer(lang=lang)
     return [norm.normalize(line) for line in lines]
 
@@ -258,8 +257,6 @@ def prepare_iwslt14(raw_tgz: str | os.PathLike | None, out_dir: str | os.PathLik
 def _learn(lines: list[str], merges: int, learner: str) -> SubwordNmtCodes:
     if learner == "tokenizers":
         return learn_bpe(lines, merges)
-    from subword_nmt.learn_bpe import learn_bpe as snmt_learn  # noqa: PLC0415 (optional learner)
-
     out = io.StringIO()
     # subword-nmt draws a tqdm bar on stderr even with verbose=False; it is slow (about a minute
     # per 30k lines for 10k merges), so say so once instead.

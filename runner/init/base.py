@@ -36,6 +36,7 @@ class ModelSurface(Protocol):
 
     cfg: Any  # the ModelConfig: dim, heads, num_encoder_layers, num_decoder_layers, ...
     pad_index: int
+    training: bool
 
     def sublayers(self) -> Iterator[SublayerHandle]: ...
 
@@ -45,6 +46,10 @@ class ModelSurface(Protocol):
 
     def __call__(self, src_tokens: torch.Tensor, prev_tokens: torch.Tensor,
                  src_has_pad: bool = True) -> torch.Tensor: ...
+
+    def train(self, mode: bool = True) -> Any: ...  # nn.Module's (Admin profiles in train mode)
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
 
 
 class InitScheme:

@@ -33,8 +33,11 @@ class Lipschitz(InitScheme):
         set_per_stack = [f"norm.{side}_placement={getattr(cfg.norm, f'{side}_placement')}"
                          for side in stacks if getattr(cfg.norm, f"{side}_placement")]
         found = " ".join(set_per_stack) or f"norm={cfg.norm.placement}"
+        unset = " and ".join(f"norm.{side}_placement" for side in stacks
+                             if getattr(cfg.norm, f"{side}_placement"))
         return [f"Lipschitz init is defined for the v1/v2 orders on both stacks only: use "
-                f"norm=post norm.embedding_norm=true (v1) or norm=pre (v2), not {found}"]
+                f"norm=post norm.embedding_norm=true (v1) or norm=pre (v2), not {found}"
+                + (f"; unset {unset}" if unset else "")]
 
     @torch.no_grad()
     def apply(self, model, cfg, batch=None) -> dict:

@@ -24,11 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runner.model import kernels
-
-# Re-exported so a test can lower the threshold for this module (tests/test_model.py); passed to
-# kernels.select_attention on each call.
-from runner.model.kernels import CPU_MATMUL_ATTENTION_MAX_KEYS
+from runner.model.kernels import AttentionKernels
 from runner.model.linear import make_linear, plain_affine
 from runner.model.packing import Packing
 
@@ -53,6 +49,8 @@ class MultiheadAttention(nn.Module):
         affine = plain_affine(parameterization)
         self.fuse_qkv = self_attention and affine  # q, k and v of x in one matmul
         self.fuse_kv = affine  # k and v of memory in one matmul (packed cross-attention)
+        # the device's kernels, chosen when the model is placed (Seq2Seq.select_kernels)
+        self.kernels = AttentionKernels("cpu")
 
     def forward(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None,
                 attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
@@ -85,8 +83,7 @@ class MultiheadAttention(nn.Module):
         """softmax(q k^T * scale + mask) v over whole sequences (training, validation), with
         attention dropout in training."""
         dropout_p = self.dropout if self.training else 0.0
-        kernel = kernels.select_attention(q.device.type, q.shape[-2], k.shape[-2], decoding=False,
-                                          max_matmul_keys=CPU_MATMUL_ATTENTION_MAX_KEYS)
+        kernel = self.kernels.full(k.shape[-2])
         return kernel(q, k, v, attn_mask, self.scale, is_causal, dropout_p)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
@@ -159,7 +156,7 @@ class MultiheadAttention(nn.Module):
         rows, h, _, dh = q.shape
         if group > 1:  # (sentences * group, H, 1, Dh) -> (sentences, H, group, Dh)
             q = q.view(rows // group, group, h, dh).transpose(1, 2)
-        kernel = kernels.select_attention(q.device.type, q.shape[-2], k.shape[-2], decoding=True)
+        kernel = self.kernels.decoding(q.shape[-2])
         out = self._merge(kernel(q, k, v, attn_mask, self.scale))
         if group > 1:  # (sentences, group, D) -> (sentences * group, 1, D)
             out = out.reshape(rows, 1, h * dh)

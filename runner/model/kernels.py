@@ -12,14 +12,17 @@ top-left aligned as in torch's sdpa) and `dropout_p` (dropout on the attention p
 caller passes 0 outside training). Decoding kernels (one incremental step against cached keys)
 are never causal and never drop out: they take neither.
 
-Choice: `select_attention` picks the kernel from the device type, the number of queries and keys,
-and whether this is a decoding step. It is called on every forward, not cached at construction,
-because the model is built on CPU and moved to its device afterwards: only the tensors know
-where they are. The choice is a few integer comparisons; under torch.compile the key-length
-test becomes a shape guard, as any shape-dependent branch does.
+Choice: the device's kernels are chosen once, when the model is placed on its device
+(`Seq2Seq.select_kernels(device_type)` stores an `AttentionKernels` in every attention module;
+a model is built for CPU). What remains per call is the shape test within one device's set (the
+number of keys, the number of decoding queries), a few integer comparisons; under torch.compile
+it becomes a shape guard, as any shape-dependent branch does. Every kernel is plain torch and
+runs on any device, so a model moved without `select_kernels` still computes the same attention,
+only by the other device's faster path.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -113,3 +116,19 @@ def _blocked(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive attention mask: -inf where `blocked` is True, 0 elsewhere."""
     return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(
         blocked, float("-inf"))
+
+
+@dataclass(frozen=True)
+class AttentionKernels:
+    """The kernels of one device type, chosen once when the model is placed on it."""
+
+    device_type: str
+    max_matmul_keys: int = CPU_MATMUL_ATTENTION_MAX_KEYS
+
+    def full(self, keys: int) -> Kernel:
+        """A full-sequence kernel for this many keys."""
+        return select_attention(self.device_type, 0, keys, False, self.max_matmul_keys)
+
+    def decoding(self, queries: int) -> Kernel:
+        """A decoding kernel for this many queries per row (one, or a sentence's beams)."""
+        return select_attention(self.device_type, queries, 0, True, self.max_matmul_keys)

@@ -15,6 +15,7 @@ from runner.config import ModelConfig, NormConfig
 from runner.model.attention import MultiheadAttention
 from runner.model.embedding import Embedder
 from runner.model.ffn import FeedForward
+from runner.model.kernels import AttentionKernels
 from runner.model.norms import make_norm
 from runner.model.packing import Packing
 from runner.model.sublayer import PLACEMENTS, ResidualSpec, Slots, Sublayer
@@ -108,7 +109,7 @@ class Stack(nn.Module):
 
 class Seq2Seq(nn.Module):
     def __init__(self, cfg: ModelConfig, norm: NormConfig, src_vocab: int, tgt_vocab: int,
-                 pad_index: int, residual: ResidualSpec = ResidualSpec()):
+                 pad_index: int, residual: ResidualSpec):
         super().__init__()
         self.cfg, self.norm_cfg, self.pad_index = cfg, norm, pad_index
         enc_slots = PLACEMENTS[norm.encoder_placement or norm.placement]
@@ -162,6 +163,15 @@ class Seq2Seq(nn.Module):
     @property
     def output_projection_weight(self) -> torch.Tensor:
         return self.decoder.embedder.tokens.weight if self.output_weight is None else self.output_weight
+
+    def select_kernels(self, device_type: str) -> "Seq2Seq":
+        """Choose every attention's kernels for the device the model now lives on (call after
+        .to(device); runner/model/kernels.py)."""
+        chosen = AttentionKernels(device_type)
+        for module in self.modules():
+            if isinstance(module, MultiheadAttention):
+                module.kernels = chosen
+        return self
 
     def norms(self) -> Iterator[tuple[str, nn.Module]]:
         for name, module in self.named_modules():
@@ -218,7 +228,7 @@ class Seq2Seq(nn.Module):
 
 
 def build_model(cfg, src_vocab: int, tgt_vocab: int, pad_index: int,
-                residual: ResidualSpec = ResidualSpec()) -> Seq2Seq:
+                residual: ResidualSpec) -> Seq2Seq:
     """Build from the full config. `residual` says which residual scales train: the init
     scheme declares it, and the run assembly passes it in (the model never imports init)."""
     return Seq2Seq(cfg.model, cfg.norm, src_vocab, tgt_vocab, pad_index, residual)

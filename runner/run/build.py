@@ -4,15 +4,19 @@ reproduce) builds through here, so a model is never wired two ways."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from runner import init as init_schemes
 from runner.config import Config, ConfigError, validate
+from runner.console import log
 from runner.data import build_data
 from runner.data.batching import Batch, collate, filter_by_length, make_batches
 from runner.data.dataset import TokenizedSplit, TranslationData, unigram_nll
@@ -61,13 +65,17 @@ def first_batch(cfg: Config, data: TranslationData) -> Batch:
     return collate(split, batches[0], data.tgt_dict.pad_index, data.tgt_dict.eos_index)
 
 
-def fresh_model(cfg: Config, data: TranslationData) -> tuple[Seq2Seq, dict]:
-    """The model a run starts from and the init report: seed, build, init scheme on the first
-    training batch, in the order `deepinit train` uses (so the weights are the same)."""
+def fresh_model(cfg: Config, data: TranslationData, batch: Optional[Batch] = None,
+                initialize: bool = True) -> tuple[Seq2Seq, Optional[dict]]:
+    """The model a run starts from and the init report: seed, build, then the init scheme on the
+    first training batch (`batch`, when the caller has it). Every model a run trains or a
+    diagnostic studies is made here, so the same config gives the same weights everywhere.
+    initialize=False leaves the weights to a checkpoint (report None)."""
     torch.manual_seed(cfg.trainer.seed)
     model = model_for(cfg, len(data.src_dict), len(data.tgt_dict), data.tgt_dict.pad_index)
-    report = init_schemes.apply(model, cfg, first_batch(cfg, data))
-    return model, report
+    if not initialize:
+        return model, None
+    return model, init_schemes.apply(model, cfg, first_batch(cfg, data) if batch is None else batch)
 
 
 @dataclass
@@ -91,8 +99,8 @@ class RunParts:
     optimizer: torch.optim.Optimizer
     unpad: bool
     update_hook: Optional[Callable[[nn.Module, int], None]]
+    started: float  # time.time() before the init scheme / checkpoint load (wall time counts from it)
     init_report: Optional[dict] = None  # None when the weights come from a checkpoint
-    extra: dict = field(default_factory=dict)
 
     @property
     def pad(self) -> int:
@@ -113,8 +121,6 @@ def init_distributed(device: torch.device) -> tuple[torch.device, int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
-        import torch.distributed as dist  # noqa: PLC0415 (only with several processes)
-
         if device.type == "cuda":
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
@@ -123,17 +129,18 @@ def init_distributed(device: torch.device) -> tuple[torch.device, int, int]:
     return device, world, rank
 
 
-def build_run(cfg: Config, initialize: bool = True) -> RunParts:
-    """Build a training run. initialize=False leaves the weights to a checkpoint (resume)."""
+def build_run(cfg: Config, initialize: bool = True,
+              data: Optional[TranslationData] = None) -> RunParts:
+    """Build a training run. initialize=False leaves the weights to a checkpoint (resume);
+    `data` reuses corpora already built from cfg.data."""
     check_config(cfg)
     t = cfg.trainer
     if t.threads:
         torch.set_num_threads(t.threads)
     device, world, rank = init_distributed(resolve_device(t.device))
     precision = resolve_precision(t.precision, device)
-    torch.manual_seed(t.seed)
 
-    data = build_data(cfg.data)
+    data = build_data(cfg.data) if data is None else data
     train = data.splits[cfg.data.train_split]
     batches, filtered = training_batches(cfg, train)
     valid = data.splits[cfg.data.valid_split]
@@ -146,16 +153,13 @@ def build_run(cfg: Config, initialize: bool = True) -> RunParts:
         "src_vocab": len(data.src_dict), "tgt_vocab": len(data.tgt_dict), **data.stats,
     }
     pad, eos = data.tgt_dict.pad_index, data.tgt_dict.eos_index
-    model = model_for(cfg, len(data.src_dict), len(data.tgt_dict), pad)
-    report = None
-    if initialize:  # on the CPU model (Admin profiles the first batch), before moving it
-        report = init_schemes.apply(model, cfg, collate(train, batches[0], pad, eos))
-    model.to(device)
+    started = time.time()
+    # on the CPU model (Admin profiles the first batch), before moving it
+    model, report = fresh_model(cfg, data, collate(train, batches[0], pad, eos), initialize)
+    model.to(device).select_kernels(device.type)
     optimizer = build_optimizer(model.parameters(), cfg, device.type)
     forward: nn.Module = model
     if world > 1:
-        from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
-
         forward = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if t.compile:
@@ -166,14 +170,12 @@ def build_run(cfg: Config, initialize: bool = True) -> RunParts:
         valid_unigram_nll=unigram_nll(train, valid, len(data.tgt_dict)), data_stats=stats,
         model=model, forward=forward, optimizer=optimizer,
         unpad=t.unpad if t.unpad is not None else device.type == "cpu",
-        update_hook=init_schemes.update_hook(cfg), init_report=report)
+        update_hook=init_schemes.update_hook(cfg), started=started, init_report=report)
 
 
 def compiled(module: nn.Module) -> nn.Module:
     """torch.compile is an optimisation: a graph that fails to compile runs eagerly."""
-    import torch._dynamo  # noqa: PLC0415 (only with trainer.compile=true)
-
-    from runner.console import log  # noqa: PLC0415
+    import torch._dynamo  # noqa: PLC0415 (loads the compiler stack; only with trainer.compile=true)
 
     torch._dynamo.config.suppress_errors = True
     try:

@@ -102,7 +102,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
                         f"(dictionaries {len(src_dict)}/{len(tgt_dict)} types): {first}")
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
-    model.to(dev).eval()
+    model.to(dev).select_kernels(dev.type).eval()
 
     t0 = time.perf_counter()
     hyps = decode_split(model, data.splits[split], beam=beam, lenpen=lenpen, max_len_a=max_len_a,

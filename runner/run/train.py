@@ -12,6 +12,8 @@ import socket
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from runner.config import Config, ConfigError, config_from_dict
 from runner.console import console, log, summary_table
@@ -151,8 +153,6 @@ def train(cfg, run_dir: Path) -> dict:
         folder.write_result(run_dir, result)
         console.print(summary_table(result, str(run_dir)))
     if parts.world > 1:
-        import torch.distributed as dist  # noqa: PLC0415 (only with several processes)
-
         dist.barrier()
         dist.destroy_process_group()
     return result
@@ -173,8 +173,6 @@ def _ddp_worker(rank: int, world: int, port: int, cfg: Config, run_dir: Path) ->
 def spawn_ddp(cfg: Config, run_dir: Path) -> dict:
     """trainer.devices=N without a launcher: start N local processes (gloo on CPU, NCCL on
     CUDA) and return rank 0's result."""
-    import torch.multiprocessing as mp  # noqa: PLC0415 (only for local DDP)
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -4,7 +4,8 @@ what Hydra writes into a cell's .hydra/overrides.yaml)."""
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -22,8 +23,23 @@ def load_preset(preset: str) -> dict:
         return yaml.safe_load(f) or {}
 
 
-def _parse(lines: Sequence[str]):
-    return OverridesParser.create().parse_overrides(list(lines))
+@dataclass(frozen=True)
+class ParsedOverride:
+    key: str  # as written, with its +/~ prefix
+    value: str  # the value as Hydra writes it into .hydra/overrides.yaml (1e-4 -> 0.0001); "" for a sweep
+    sweep: Optional[list[str]]  # the values of a comma sweep (a,b,c), else None
+
+
+def parse_overrides(lines: Sequence[str]) -> list[ParsedOverride]:
+    """Override strings read with Hydra's own grammar (the only place outside the CLI that uses
+    Hydra: sweep files are written in its override syntax)."""
+    out = []
+    for o in OverridesParser.create().parse_overrides(list(lines)):
+        if o.is_discrete_sweep():
+            out.append(ParsedOverride(o.get_key_element(), "", [str(v) for v in o.sweep_string_iterator()]))
+        else:
+            out.append(ParsedOverride(o.get_key_element(), o.get_value_element_as_str(), None))
+    return out
 
 
 # Overrides that do not change a run's result (conf/train.yaml keeps them out of folder names):
@@ -37,8 +53,8 @@ def canonical(overrides: Sequence[str]) -> frozenset[str]:
     out, so a planned cell and its run folder compare equal."""
     keep = [o for o in overrides if not norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
     out = []
-    for o in _parse(keep):
-        out.append(f"{o.get_key_element()}={o.get_value_element_as_str()}")
+    for o in parse_overrides(keep):
+        out.append(f"{o.key}={o.value}")
     return frozenset(out)
 
 
@@ -52,15 +68,15 @@ def plan_cells(preset: str, extra: Sequence[str] = ()) -> tuple[list[dict[str, s
     lines += [o for o in extra if not norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
     axes: dict[str, list[str]] = {}
     fixed: dict[str, str] = {}
-    for o in _parse(lines):
-        key = o.get_key_element()
+    for o in parse_overrides(lines):
+        key = o.key
         for k in list(axes) + list(fixed):  # a later value of the same key replaces it
             if norm_key(k) == norm_key(key):
                 axes.pop(k, None)
                 fixed.pop(k, None)
-        if o.is_discrete_sweep():
-            axes[key] = [str(v) for v in o.sweep_string_iterator()]
+        if o.sweep is not None:
+            axes[key] = o.sweep
         else:
-            fixed[key] = f"{key}={o.get_value_element_as_str()}"
+            fixed[key] = f"{key}={o.value}"
     cells = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
     return cells, list(fixed.values())

@@ -17,6 +17,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from runner.console import log, progress_bar
 from runner.data.batching import Batch, collate, epoch_order
@@ -83,7 +84,7 @@ class StepOutput:
     """One update, as tensors on the device (read them only on log steps: a host sync)."""
 
     loss_sum: torch.Tensor  # label-smoothed loss summed over this rank's target tokens
-    nll_sum: torch.Tensor
+    nll_parts: list[torch.Tensor]  # the NLL sum of each micro-batch (added to windows one by one)
     grad_norm: torch.Tensor  # before clipping
     tokens: int  # target tokens of the update over all ranks
     lr: float
@@ -92,6 +93,10 @@ class StepOutput:
     @property
     def loss_per_token(self) -> torch.Tensor:
         return self.loss_sum / self.tokens
+
+    @property
+    def nll_sum(self) -> torch.Tensor:
+        return sum(self.nll_parts[1:], self.nll_parts[0])
 
 
 @dataclass
@@ -137,7 +142,9 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         clip = self.cfg.optim.clip_norm
         self.max_norm = clip if clip > 0 else float("inf")
-        self.t0 = time.time()
+        # wall time counts from the run's start (parts.started: before the init scheme or the
+        # checkpoint load), so it includes them, as it did for every earlier run
+        self.t0 = parts.started
 
     @property
     def is_main(self) -> bool:
@@ -154,8 +161,6 @@ class Trainer:
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.world > 1:
-            import torch.distributed as dist  # noqa: PLC0415 (only with several processes)
-
             dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return tensor
 
@@ -183,7 +188,7 @@ class Trainer:
         set_lr(self.optimizer, lr)
         batches, ntokens = self._next_batches()
         loss_sum = torch.zeros((), device=self.device)
-        nll_sum = torch.zeros((), device=self.device)
+        nll_parts = []
         for i, batch in enumerate(batches):
             # DDP averages gradients over ranks; scaling by world/ntokens makes the result
             # sum(loss)/ntokens over the global batch, as in one process.
@@ -196,7 +201,7 @@ class Trainer:
                 loss, nll = label_smoothed_nll(logits, target, t.label_smoothing, self.parts.pad)
                 self.scaler.scale(loss * (self.world / ntokens)).backward()
             loss_sum += loss.detach()
-            nll_sum += nll.detach()
+            nll_parts.append(nll.detach())
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         self.scaler.step(self.optimizer)
@@ -205,7 +210,7 @@ class Trainer:
         self.state.step += 1
         if self.parts.update_hook is not None:
             self.parts.update_hook(self.model, self.state.step)
-        out = StepOutput(loss_sum, nll_sum, grad_norm, ntokens, lr, batches)
+        out = StepOutput(loss_sum, nll_parts, grad_norm, ntokens, lr, batches)
         self._callbacks("on_step_end", out)
         return out
 
@@ -255,8 +260,6 @@ class Trainer:
     def checkpoint(self) -> None:
         self._callbacks("on_checkpoint")
         if self.world > 1:
-            import torch.distributed as dist  # noqa: PLC0415 (only with several processes)
-
             dist.barrier()
 
     # ---- checkpoint state
@@ -302,7 +305,6 @@ class Trainer:
         trainer.log_interval updates, validates every valid_interval and checkpoints every
         save_interval (and both at the end)."""
         cfg, t, s = self.cfg, self.cfg.trainer, self.state
-        self.t0 = time.time()
         outcome = Outcome()
         bound, patience = t.divergence.loss_bound, t.divergence.patience
         # Device-side accumulators: no host sync per update (CUDA); read on log/check steps.
@@ -326,7 +328,8 @@ class Trainer:
                 lr = out.lr
                 per_token = out.loss_sum * (self.world / out.tokens)  # this rank's share
                 window_loss += out.loss_sum
-                window_nll += out.nll_sum
+                for part in out.nll_parts:  # one by one: the order float sums were always in
+                    window_nll += part
                 window_gnorm += out.grad_norm.detach().float()
                 nonfinite |= ~torch.isfinite(per_token)
                 streak = (streak + 1) * (per_token > bound)

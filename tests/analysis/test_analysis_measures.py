@@ -157,6 +157,15 @@ def test_early_training_first_updates():
     assert all(math.isfinite(s["loss"]) for s in warm + cold)
 
 
+def test_early_training_of_a_config_with_gradient_accumulation():
+    """A configuration trained with update_freq > 1 (e.g. a WMT preset's run folder) is probed
+    one micro-batch per update, in fp32 and eagerly."""
+    result = early_training.run(settings("norm=post trainer.update_freq=2 trainer.compile=true"),
+                                updates=2, warmup_updates=10)
+    steps = result["settings"][0]["arms"]["no_warmup"]["steps"]
+    assert len(steps) == 2 and all(math.isfinite(s["loss"]) for s in steps)
+
+
 @pytest.mark.parametrize("scheme", [["norm=post", "init=admin"], ["norm=none", "init=tfixup"]])
 def test_fresh_model_is_the_model_training_starts_from(tmp_path, scheme):
     from conftest import TINY

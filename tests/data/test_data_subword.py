@@ -25,7 +25,7 @@ def _gz_text(path: Path) -> str:
 def test_codes_header_is_version_0_2_not_a_merge():
     codes = SubwordNmtCodes.from_file(IWSLT / "code.gz")
     assert codes.version == (0, 2)
-    assert codes.num_merges == 10000  # methods 2.1 step 6: 10k merges; the header is not one
+    assert codes.num_merges == 10000  # prepare-iwslt14.sh: learn_bpe.py -s 10000; the header is not a merge
 
 
 @needs_iwslt

@@ -1,4 +1,5 @@
-"""Admin's profiling (methods 4.2) re-measured by hooks written here, and the alpha ramp."""
+"""Admin's profiling (Liu et al. 2020, Sec. 4.3, in LiyuanLucasLiu/Transformer-Clinic's
+adaptive-profiling form) re-measured by hooks written here, and the alpha ramp."""
 from __future__ import annotations
 
 import math

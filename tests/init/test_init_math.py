@@ -1,5 +1,5 @@
-"""The schemes' numbers, checked against the formulas and tables of methods.md written out here
-(not by calling the schemes' own helpers)."""
+"""The schemes' numbers, checked against the papers' formulas and the reference implementations'
+values, written out here (not by calling the schemes' own helpers)."""
 from __future__ import annotations
 
 import math
@@ -20,13 +20,14 @@ def max_abs(t):
 
 
 
-# ----- T-Fixup (methods 3.2) -----
+# ----- T-Fixup (Huang et al. 2020, Sec. 3.2; layer6ai-labs/T-Fixup fixup_initialization) -----
 
 def test_tfixup_6_6_iwslt_factors_and_bounds():
-    """methods 3.2's concrete numbers for 512-1024-4, 6+6 layers."""
+    """T-Fixup's factors and bounds for 512-1024-4, 6+6 layers, as layer6ai-labs/T-Fixup
+    (fixup_initialization in fairseq/modules/transformer_layer.py) scales the fairseq Xavier init."""
     enc, dec = 0.67 * 6 ** -0.25, 54 ** -0.25
     assert round(enc, 4) == 0.4281 and round(dec, 4) == 0.3689
-    expected = {  # (side, sublayer, projection): bound from methods 3.2
+    expected = {  # (side, sublayer, projection): Xavier bound times the T-Fixup factor
         ("encoder", "self_attn", "v_proj"): 0.0328, ("encoder", "self_attn", "out_proj"): 0.0328,
         ("encoder", "ffn", "fc1"): 0.0268, ("encoder", "ffn", "fc2"): 0.0268,
         ("decoder", "self_attn", "v_proj"): 0.0282, ("decoder", "cross_attn", "out_proj"): 0.0282,
@@ -70,16 +71,16 @@ def test_tfixup_unequal_depths_scale_each_stack_by_its_own_depth(share):
     emb_e, emb_d = (9 * n) ** -0.25, (9 * m) ** -0.25
     torch.testing.assert_close(sd["encoder.embedder.tokens.weight"],
                                base_sd["encoder.embedder.tokens.weight"] * emb_e)
-    # share-all: the shared table carries only the encoder factor (TFX skips the decoder's).
+    # share-all: the shared table carries only the encoder factor (layer6ai-labs/T-Fixup skips the decoder's).
     torch.testing.assert_close(sd["decoder.embedder.tokens.weight"],
                                base_sd["decoder.embedder.tokens.weight"] * (emb_e if share == "all" else emb_d))
     if share == "none":  # the separate output matrix keeps N(0, d^-1/2)
         torch.testing.assert_close(sd["output_weight"], base_sd["output_weight"])
 
 
-# ----- DeepNorm (methods 7) -----
+# ----- DeepNorm (Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers) -----
 
-DEEPNORM_TABLE = {  # N=M: enc alpha, enc beta, dec alpha, dec beta (methods 7)
+DEEPNORM_TABLE = {  # N=M: enc alpha, enc beta, dec alpha, dec beta (xformers get_deepnorm_coefficients)
     6: (1.418, 0.497, 2.060, 0.343), 12: (1.761, 0.400, 2.449, 0.289),
     18: (1.999, 0.353, 2.711, 0.261), 100: (3.416, 0.206, 4.162, 0.170),
 }
@@ -119,7 +120,7 @@ def test_deepnorm_model_alpha_in_omega_and_beta_gains():
             assert float(linear.weight.detach().std()) == pytest.approx(expected_std, rel=0.03), ref.name
 
 
-# ----- admin-torch (methods 4.3) -----
+# ----- admin-torch (microsoft/admin-torch, admin_torch/admin.py calculate_init) -----
 
 def test_admin_torch_closed_form_examples():
     from runner.init.admin_torch import omega
@@ -145,7 +146,7 @@ def test_admin_torch_model_uses_2n_encoder_3m_decoder(scale):
     assert report["n"] == {"encoder": 10, "decoder": 12}
 
 
-# ----- Lipschitz (methods 5.1) -----
+# ----- Lipschitz (Xu et al. 2020; hfxunlp/transformer utils/init/base.py init_model_params_lipschitz) -----
 
 def test_lipschitz_documented_bounds():
     assert round(math.sqrt(1 / 512), 4) == 0.0442 and round(math.sqrt(1 / 2048), 4) == 0.0221
@@ -184,7 +185,7 @@ def test_lipschitz_scale_multiplies_the_bound():
     assert 0.95 * 0.5 / math.sqrt(128) < max_abs(w) <= 0.5 / math.sqrt(128)
 
 
-# ----- DS-Init (methods 6) -----
+# ----- DS-Init (Zhang, Titov, Sennrich, EMNLP 2019; code form: bzhangGo/zero models/transformer.py) -----
 
 @pytest.mark.parametrize("form", ["paper", "code"])
 def test_ds_init_bounds_per_layer(form):
@@ -194,7 +195,7 @@ def test_ds_init_bounds_per_layer(form):
     documented = {"paper": {6: 0.408, 12: 0.289, 18: 0.236}, "code": {6: 0.639, 12: 0.537, 18: 0.486}}
     power = 0.5 if form == "paper" else 0.25
     for l, value in documented[form].items():
-        # methods 6 rounds 18^-1/4 = 0.48549 up to 0.486: compare to its 3 decimals loosely
+        # 0.486 is 18^-1/4 = 0.48549 rounded up: compare to 3 decimals loosely
         assert l ** -power == pytest.approx(value, abs=1e-3)
     for ref in model.sublayers():
         l = ref.layer + 1
@@ -216,11 +217,12 @@ def test_ds_init_gain():
     assert bound * 0.95 < max_abs(w) <= bound
 
 
-# ----- T5 attention (seed 004) -----
+# ----- T5 attention (Su 2021, kexue.fm/archives/8620, "NTK Parameterization") -----
 
 def test_t5_attention_divides_qk_variance_by_sqrt_head_dim():
-    """Seed 004: without 1/sqrt(d) in the logits, the q and k init variance is "further divided
-    by an additional sqrt(d)" (d = the dot-product dimension, the head dim)."""
+    """Su 2021 (kexue.fm/archives/8620): without 1/sqrt(d) in the logits, the q and k init
+    variance is "further divided by an additional sqrt(d)" (d = the dot-product dimension, the
+    head dim)."""
     std_cfg = make_cfg("xavier", dim=256, ffn_dim=256, heads=4)
     t5_cfg = make_cfg("xavier", dim=256, ffn_dim=256, heads=4)
     t5_cfg.model.attention = "t5"

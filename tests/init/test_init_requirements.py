@@ -1,4 +1,4 @@
-"""Incompatible choices fail at config time, through runner.config.validate, with one line that
+"""Incompatible choices fail at config time, through runner.run.build.check_config, with one line that
 names the fix; the compatible choice of each scheme validates."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from conftest import compose
 
 from runner.config import ConfigError
-from runner.run.build import check_config as validate
+from runner.run.build import check_config
 
 # scheme -> (overrides that must fail, fragment of the fix, overrides that must pass)
 CASES = {
@@ -29,24 +29,24 @@ def test_requirement_is_one_line_naming_the_fix(scheme):
     bad, fix, good = CASES[scheme]
     if bad is not None:
         with pytest.raises(ConfigError) as err:
-            validate(compose([f"init={scheme}", *bad, *BASE]))
+            check_config(compose([f"init={scheme}", *bad, *BASE]))
         message = str(err.value)
         assert "\n" not in message and fix in message, message
-    validate(compose([f"init={scheme}", *good, *BASE]))
+    check_config(compose([f"init={scheme}", *good, *BASE]))
 
 
 def test_lipschitz_v1_is_post_with_embedding_norm():
-    validate(compose(["init=lipschitz", "norm=post", "norm.embedding_norm=true", *BASE]))
+    check_config(compose(["init=lipschitz", "norm=post", "norm.embedding_norm=true", *BASE]))
     with pytest.raises(ConfigError, match="use norm=post norm.embedding_norm=true"):
-        validate(compose(["init=lipschitz", "norm=none", *BASE]))
+        check_config(compose(["init=lipschitz", "norm=none", *BASE]))
 
 
 def test_ramp_needs_a_positive_step():
     with pytest.raises(ConfigError, match="use init.alpha_ramp_step="):
-        validate(compose(["init=rezero_ramp", "norm=none", "init.alpha_ramp_step=0", *BASE]))
+        check_config(compose(["init=rezero_ramp", "norm=none", "init.alpha_ramp_step=0", *BASE]))
 
 
 def test_admin_as_a_user_types_it_composes_and_validates():
     cfg = compose(["init=admin", "model.layers=18"])
-    validate(cfg)
+    check_config(cfg)
     assert (cfg.init.name, cfg.init.omega, cfg.norm.placement) == ("admin", "vector", "post")
