@@ -50,12 +50,17 @@ class SuiteCell:
 
 
 def plan(preset: str, extra: Sequence[str] = ()) -> list[SuiteCell]:
-    """The preset's cells in the preset's axis order."""
+    """The preset's cells in the preset's axis order, without the arms its `sweep.exclude`
+    lists (each a {axis: value} selector)."""
     cells, fixed = plan_cells(preset, extra)
+    exclude = [{k: str(v) for k, v in sel.items()}
+               for sel in (load_preset(preset).get("sweep") or {}).get("exclude") or []]
     out = []
     for axes in cells:
         overrides = [f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items()), *fixed]
         clean = {norm_key(k): v for k, v in axes.items()}
+        if any(all(clean.get(k) == v for k, v in sel.items()) for sel in exclude):
+            continue
         seed = int(clean.pop(SEED_AXIS, 1))
         out.append(SuiteCell(overrides, sorted(canonical(overrides)), clean, seed))
     return out
@@ -71,16 +76,20 @@ def attach_records(cells: Sequence[SuiteCell], records: Records) -> None:
 
 
 # ----------------------------------------------------------------------------- running
-def _deepinit() -> list[str]:
-    exe = Path(sys.executable).parent / "deepinit"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "runner.cli"]
+def _cell_env() -> dict[str, str]:
+    """One thread per cell, and the cells import this very copy of the package (a suite run from
+    a git worktree of a fixed commit trains every cell with that commit's code)."""
+    package_parent = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
 
 
 def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int) -> int:
     """Train the cells without a record, `parallel` at a time, one thread each; write each
     finished cell's record at once. Returns the number of cells that crashed."""
-    todo = [c for c in cells if c.record is None]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    # every arm's first seed before any arm's second: a partial suite covers every arm
+    todo = sorted((c for c in cells if c.record is None), key=lambda c: c.seed)
+    env = _cell_env()
     work.mkdir(parents=True, exist_ok=True)
     running: list[tuple[SuiteCell, subprocess.Popen, object]] = []
     crashed = 0
@@ -94,8 +103,8 @@ def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel
                 cell = queue.pop(0)
                 run_dir = work / cell.name
                 log = open(work / f"{cell.name}.out", "w")
-                cmd = [*_deepinit(), "train", *cell.overrides, "trainer.threads=1",
-                       "trainer.progress=false", f"hydra.run.dir={run_dir}"]
+                cmd = [sys.executable, "-m", "runner.cli", "train", *cell.overrides, "trainer.threads=1",
+                       "trainer.progress=false", f"hydra.run.dir='{run_dir}'"]
                 running.append((cell, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                        env=env), log))
                 progress.update(task, now=f"running: {', '.join(c.label for c, _, _ in running)}")
@@ -128,6 +137,11 @@ def _fmt(value: Optional[float], spec: str) -> str:
     return "-" if value is None or not math.isfinite(value) else format(value, spec)
 
 
+def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
+    kept = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
 def _summary_text(s: Summary, spec: str) -> str:
     if s.mean is None:
         return "-"
@@ -145,6 +159,17 @@ def evidence_records(cells: Sequence[SuiteCell]) -> list[Record]:
         out.append(Record(arm=dict(cell.arm), seed=cell.seed, status=r["status"],
                           metrics={k: r.get(k) for k in ("bleu", "sacrebleu", "best_valid_loss")}))
     return out
+
+
+def curve_slope(curve: Sequence[Sequence[float]], span: int = 400) -> Optional[float]:
+    """Change of the validation loss per 1,000 updates over the last `span` updates of a curve
+    of (update, loss) points: near 0 when the curve has flattened."""
+    if len(curve) < 2:
+        return None
+    last_step, last_loss = curve[-1]
+    earlier = [p for p in curve if p[0] <= last_step - span] or [curve[0]]
+    step, loss = earlier[-1]
+    return None if step == last_step else 1000.0 * (last_loss - loss) / (last_step - step)
 
 
 def arm_rows(cells: Sequence[SuiteCell]) -> list[list[str]]:
@@ -167,6 +192,7 @@ def arm_rows(cells: Sequence[SuiteCell]) -> list[list[str]]:
             _summary_text(summarize(values("bleu")), ".2f"),
             _summary_text(summarize(values("sacrebleu")), ".2f"),
             _summary_text(summarize(values("best_valid_loss")), ".3f"),
+            _fmt(_mean([curve_slope(r.get("valid_curve") or []) for r in ok]), "+.3f"),
             _fmt(sum(r.get("wall_s") or 0 for r in done) / 60, ".0f"),
         ])
     return rows
@@ -191,7 +217,9 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> 
              f"Commits: {', '.join(c[:10] for c in commits) or '-'}. "
              f"Machines: {'; '.join(machines) or '-'}.", "",
              markdown_table(["arm", "seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU",
-                             "best valid loss", "CPU min"], arm_rows(cells)), "",
+                             "best valid loss", "slope", "CPU min"], arm_rows(cells)), "",
+             "slope: change of the validation loss per 1,000 updates over each run's last 400 "
+             "updates (mean over the arm's ok seeds); near 0 when the curve has flattened.", "",
              "## Claims (rules written in the preset before the run)", ""]
     rows = [[v.claim.id, v.claim.text, v.measured, f"**{v.verdict}**"] for v in verdicts(preset, cells)]
     lines += [markdown_table(["claim", "paper", "measured", "verdict"], rows) if rows else "(none)", ""]

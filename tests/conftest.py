@@ -23,8 +23,9 @@ def compose(overrides: list[str] = ()):
     return cli_compose(list(overrides))
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None,
+            **kwargs) -> subprocess.CompletedProcess:
+    env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     return subprocess.run([str(DEEPINIT), *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env, **kwargs)
 

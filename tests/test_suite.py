@@ -1,0 +1,50 @@
+"""SCALE=real end to end on a shrunken table2 preset (toy data, tiny model, few updates): cells
+run as local processes, records land in results/ (here a temp folder) as each cell finishes, a
+second call trains nothing and reuses them, and the report carries every arm and claim."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from runner import suite
+from tests.conftest import REPO, run_cli
+
+SHRINK = ["data=toy", "data.toy.train_size=300", "data.toy.valid_size=30", "data.toy.test_size=20",
+          "model=ci", "model.dim=32", "model.ffn_dim=64", "model.heads=2", "model.layers=2",
+          "trainer.max_updates=20", "trainer.log_interval=5", "trainer.valid_interval=10",
+          "trainer.save_interval=10", "trainer.eval_beam=2", "method=pre_ln,post_ln",
+          "warmup.updates=5,0", "trainer.seed=1,2"]
+
+
+def test_curve_slope():
+    assert suite.curve_slope([(200, 5.0), (400, 4.0), (600, 3.8), (800, 3.7)]) == pytest.approx(-0.75)
+    assert suite.curve_slope([(200, 5.0)]) is None
+
+
+@pytest.mark.slow
+def test_real_tier_records_reuse_and_report(tmp_path):
+    env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path / "results")}
+    args = ["reproduce", "table2", "--scale", "real", "--parallel", "2", "--out", str(tmp_path / "out"),
+            *SHRINK]
+    first = run_cli(args, cwd=REPO, timeout=600, env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    records = [json.loads(line) for line in
+               (tmp_path / "results" / "table2" / "real" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 8  # 2 methods x 2 warmups x 2 seeds
+    assert {r["seed"] for r in records} == {1, 2}
+    for r in records:
+        assert r["status"] in ("ok", "diverged", "stalled") and r["updates"] == 20
+        assert r["machine"]["git_commit"] and r["machine"]["torch"]
+        assert r["valid_curve"] and "+sweep=reproduce_table2_real" in r["overrides"]
+        if r["status"] == "ok":
+            assert r["bleu"] is not None and r["best_valid_loss"] is not None
+    report = (tmp_path / "results" / "table2" / "real" / "report.md").read_text()
+    assert "method=pre_ln warmup.updates=0" in report and "post_ln_no_warmup_fails" in report
+    assert (tmp_path / "results" / "table2" / "real" / "curves.png").stat().st_size > 0
+    # a second call trains nothing: every cell has its record
+    second = run_cli(args, cwd=REPO, timeout=300, env=env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "8 with a record" in second.stdout
+    assert (tmp_path / "results" / "table2" / "real" / "report.md").read_text() == report
