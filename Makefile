@@ -83,6 +83,8 @@ SCALE ?=
 LAUNCHER ?=
 DRY_RUN ?=
 REPRODUCE_ARGS ?=
-.PHONY: reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz
-reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz:
+REPRODUCE_TARGETS := reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz \
+                     reproduce-schemes-postln reproduce-schemes-other
+.PHONY: $(REPRODUCE_TARGETS)
+$(REPRODUCE_TARGETS):
 	$(BIN)/deepinit reproduce $(@:reproduce-%=%) $(if $(SCALE),--scale $(SCALE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY_RUN),--dry-run) $(REPRODUCE_ARGS)

@@ -117,7 +117,7 @@ class Target:
     name: str
     title: str
     parts: dict[str, tuple[Part, ...]]
-    render: Callable[["Outcome"], str]
+    render: Optional[Callable[["Outcome"], str]]  # the cpu/paper table; None: real tier only
 
 
 @dataclass
@@ -154,7 +154,7 @@ WMT_HINT = ("a prepared, BPE'd WMT'14 En-De folder with {train,valid,test}.{en,d
 # CPU scale: greedy decoding of the last checkpoint (cheap); paper scale: the papers' protocol
 # (Admin IWSLT beam 5 lenpen 1, WMT beam 4 lenpen 0.6: Transformer-Clinic nmt-experiments/eval_*.sh;
 # T-Fixup beam 4 lenpen 0.3: layer6ai-labs/T-Fixup InferenceIWSLT.py; each the average of the last
-# 10 checkpoints).
+# 10 checkpoints; Lipschitz beam 4, no length penalty, the average of the last 5: its Sec. 2.1).
 CPU_EVAL = dict(beam=1, lenpen=1.0, average_last=0)
 
 
@@ -540,21 +540,34 @@ TARGETS: dict[str, Target] = {
     "grid": Target(
         "grid", "Admin paper, no-warmup grid: beta2 x lr for Post-LN, Pre-LN, Admin",
         {"cpu": (Part("reproduce_grid_cpu", **CPU_EVAL),),
+         "real": (Part("reproduce_grid_real"),),
          "paper": (Part("reproduce_grid_paper", "", "DEEPINIT_IWSLT14_DIR", ("de", "en"),
                         IWSLT_HINT, beam=5, lenpen=1.0, average_last=10),)},
         render_grid),
     "tfixup-depth": Target(
         "tfixup-depth", "T-Fixup ultra-deep scan: 64-128-2, no LN, no warmup, 6 to 200 layers",
         {"cpu": (Part("reproduce_tfixup_depth_cpu", **CPU_EVAL),),
+         "real": (Part("reproduce_tfixup_depth_real"),),
          "paper": (Part("reproduce_tfixup_depth_paper", "", "DEEPINIT_IWSLT14_DIR", ("de", "en"),
                         IWSLT_HINT, beam=4, lenpen=0.3, average_last=10),)},
         render_tfixup_depth),
     "lipschitz": Target(
         "lipschitz", "Lipschitz paper, Tables 1 and 3: v1/v2 with and without Lipschitz init",
         {"cpu": (Part("reproduce_lipschitz_cpu", **CPU_EVAL),),
+         "real": (Part("reproduce_lipschitz_real"),),
+         # Lipschitz paper Sec. 2.1: beam 4, the average of the last 5 checkpoints (saved every
+         # 1,500 updates); no length penalty (its implementation's default, hfxunlp/transformer
+         # cnfg/base.py length_penalty=0.0)
          "paper": (Part("reproduce_lipschitz_paper", "", "DEEPINIT_WMT14_DIR", ("en", "de"),
-                        WMT_HINT, beam=4, lenpen=0.6, average_last=10),)},
+                        WMT_HINT, beam=4, lenpen=0.0, average_last=5),)},
         render_lipschitz),
+    # Real-data tier only: every init scheme the tool offers, at table2's deep no-warmup setting.
+    "schemes-postln": Target(
+        "schemes-postln", "All schemes, deep, no warmup: Post-LN family and the papers' controls",
+        {"real": (Part("reproduce_schemes_postln_real"),)}, None),
+    "schemes-other": Target(
+        "schemes-other", "All schemes, deep, no warmup: schemes without a Post-LN stack",
+        {"real": (Part("reproduce_schemes_other_real"),)}, None),
 }
 
 
@@ -685,7 +698,8 @@ def run(args) -> int:
         return 0
     t0 = time.perf_counter()
     target = TARGETS[args.target]
-    scale = args.scale or ("paper" if gpu_visible() else "cpu")
+    scale = args.scale or next(s for s in (("paper", "cpu", "real") if gpu_visible() else
+                                           ("cpu", "paper", "real")) if s in target.parts)
     if scale not in target.parts:
         print(f"deepinit reproduce: {target.name} has no {scale} tier yet; it has "
               f"{', '.join(target.parts)}", file=sys.stderr)

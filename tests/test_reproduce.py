@@ -74,10 +74,43 @@ def test_wall_time_estimate_packs_cells_into_slots():
     assert rp.estimate_wall_s([5, 5], 1) == 10
     # the CPU targets are designed to fit in an hour on two cores (docs/reproductions.md)
     for name, target in rp.TARGETS.items():
-        for part in target.parts["cpu"]:
+        for part in target.parts.get("cpu", ()):
             cells, fixed = rp.plan_cells(part.preset)
             costs = [rp.estimate_cell_s(part.preset, c, fixed) for c in cells]
             assert rp.estimate_wall_s(costs, 2) < 50 * 60, name
+
+
+def test_real_tiers_fit_six_hours_and_their_claims_parse():
+    """Every real-data suite is planned within 6 h of wall time on 2 cores (its preset's stated
+    minutes per cell), and every claim in it is a valid rule naming arms the suite trains."""
+    from runner import suite
+    from runner.evidence import claim_from_dict
+
+    for name, target in rp.TARGETS.items():
+        for part in target.parts.get("real", ()):
+            cells = suite.plan(part.preset)
+            sweep = rp.load_preset(part.preset)["sweep"]
+            assert rp.estimate_wall_s([sweep["cpu_minutes_per_cell"] * 60] * len(cells), 2) <= 6 * 3600, name
+            arms = [c.arm for c in cells]
+            assert len({c.seed for c in cells}) >= 2, name
+            for raw in sweep.get("claims", []):
+                claim = claim_from_dict(raw)
+                for selector in (claim.a, claim.b or {}):
+                    assert any(all(arm.get(k) == v for k, v in selector.items()) for arm in arms), \
+                        (name, claim.id, selector)
+
+
+def test_every_real_tier_arm_composes_and_validates():
+    from runner import suite
+
+    for name, target in rp.TARGETS.items():
+        for part in target.parts.get("real", ()):
+            seen = set()
+            for cell in suite.plan(part.preset):
+                if tuple(cell.arm.items()) in seen:
+                    continue
+                seen.add(tuple(cell.arm.items()))
+                check_config(compose(cell.overrides))
 
 
 # ----------------------------------------------------------------------------- presets
