@@ -306,17 +306,9 @@ class Trainer:
         save_interval (and both at the end)."""
         cfg, t, s = self.cfg, self.cfg.trainer, self.state
         outcome = Outcome()
-        bound, patience = t.divergence.loss_bound, t.divergence.patience
-        # Device-side accumulators: no host sync per update (CUDA); read on log/check steps.
-        dev = self.device
-        window_loss = torch.zeros((), device=dev)
-        window_nll = torch.zeros((), device=dev)
-        window_gnorm = torch.zeros((), device=dev)
-        window_tokens, window_updates, window_time = 0, 0, 0.0
-        streak = torch.tensor(s.bad_streak, device=dev)
-        max_streak = torch.zeros((), device=dev)
-        nonfinite = torch.zeros((), dtype=torch.bool, device=dev)
-
+        window = TrainWindow(self.device)
+        monitor = DivergenceMonitor(self.device, s.bad_streak, t.divergence.loss_bound,
+                                    t.divergence.patience)
         self.model.train()
         lr = lr_at(s.step, cfg)
         with progress_bar(t.progress if self.is_main else False) as progress:
@@ -326,53 +318,28 @@ class Trainer:
                 tick = time.perf_counter()
                 out = self.step()
                 lr = out.lr
-                per_token = out.loss_sum * (self.world / out.tokens)  # this rank's share
-                window_loss += out.loss_sum
-                for part in out.nll_parts:  # one by one: the order float sums were always in
-                    window_nll += part
-                window_gnorm += out.grad_norm.detach().float()
-                nonfinite |= ~torch.isfinite(per_token)
-                streak = (streak + 1) * (per_token > bound)
-                max_streak = torch.maximum(max_streak, streak)
-                window_tokens += out.tokens
-                window_updates += 1
+                window.add(out)
+                monitor.add(out.loss_sum * (self.world / out.tokens))  # this rank's share
                 elapsed = time.perf_counter() - tick
-                window_time += elapsed
+                window.seconds += elapsed
                 s.train_tokens += out.tokens
                 s.train_seconds += elapsed
                 progress.update(task, completed=s.step)
 
                 at_log = s.step % t.log_interval == 0 or s.step == t.max_updates
                 if at_log or s.step % t.divergence.check_interval == 0:
-                    if self.world > 1:  # ranks agree on divergence
-                        flags = self.all_reduce(torch.stack([nonfinite.float(), max_streak]), "max")
-                        nonfinite, max_streak = flags[0] > 0, flags[1]
-                    if bool(nonfinite):
-                        outcome = Outcome("diverged", "non-finite loss (nan/inf)", s.step)
-                    elif float(max_streak) >= patience:
-                        outcome = Outcome("diverged", f"loss above {bound} for {patience} "
-                                                      "consecutive updates", s.step)
-                    s.bad_streak = float(streak)
+                    outcome = monitor.check(self)
+                    s.bad_streak = monitor.bad_streak
                 if at_log or outcome.status != "ok":
-                    sums = self.all_reduce(torch.stack([window_loss, window_nll]))
-                    train_loss = float(sums[0]) / max(window_tokens, 1)
-                    record = {
-                        "split": "train", "step": s.step, "epoch": s.pos.epoch,
-                        "loss": train_loss, "nll_loss": float(sums[1]) / max(window_tokens, 1),
-                        "lr": lr, "grad_norm": float(window_gnorm) / max(window_updates, 1),
-                        "tokens_per_s": window_tokens / max(window_time, 1e-9),
-                        "wall_s": self.wall_s(),
-                    }
-                    s.last_train_loss = train_loss
+                    record = window.record(self, lr)
+                    s.last_train_loss = record["loss"]
                     self._callbacks("on_record", record)
-                    progress.update(task, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}",
+                    progress.update(task, loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}",
                                     tps=f"{record['tokens_per_s']:,.0f}")
                     if not progress.live.is_started or progress.disable:
                         log.info("update %d/%d  loss %.4f  lr %.3e  gnorm %.2f  %.0f tok/s",
-                                 s.step, t.max_updates, train_loss, lr, record["grad_norm"],
+                                 s.step, t.max_updates, record["loss"], lr, record["grad_norm"],
                                  record["tokens_per_s"])
-                    window_loss.zero_(); window_nll.zero_(); window_gnorm.zero_()
-                    window_tokens, window_updates, window_time = 0, 0, 0.0
                 if outcome.status != "ok":
                     log.warning("diverged at update %d: %s", s.step, outcome.reason)
                     break
@@ -385,3 +352,70 @@ class Trainer:
                 self.validate(lr_at(s.step, cfg))
                 self.checkpoint()
         return outcome
+
+
+class TrainWindow:
+    """Sums over one log window, kept on the device: no host sync per update on CUDA, read
+    only when a record is made."""
+
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), device=device)
+        self.nll = torch.zeros((), device=device)
+        self.grad_norm = torch.zeros((), device=device)
+        self.tokens, self.updates, self.seconds = 0, 0, 0.0
+
+    def add(self, out: StepOutput) -> None:
+        self.loss += out.loss_sum
+        for part in out.nll_parts:  # one by one: the order float sums were always in
+            self.nll += part
+        self.grad_norm += out.grad_norm.detach().float()
+        self.tokens += out.tokens
+        self.updates += 1
+
+    def record(self, trainer: Trainer, lr: float) -> dict:
+        """The window's train record (per-token means over all ranks); starts a new window."""
+        sums = trainer.all_reduce(torch.stack([self.loss, self.nll]))
+        s = trainer.state
+        record = {
+            "split": "train", "step": s.step, "epoch": s.pos.epoch,
+            "loss": float(sums[0]) / max(self.tokens, 1),
+            "nll_loss": float(sums[1]) / max(self.tokens, 1),
+            "lr": lr, "grad_norm": float(self.grad_norm) / max(self.updates, 1),
+            "tokens_per_s": self.tokens / max(self.seconds, 1e-9),
+            "wall_s": trainer.wall_s(),
+        }
+        self.loss.zero_(); self.nll.zero_(); self.grad_norm.zero_()
+        self.tokens, self.updates, self.seconds = 0, 0, 0.0
+        return record
+
+
+class DivergenceMonitor:
+    """A run diverges when its loss becomes non-finite, or stays above `bound` nats per token for
+    `patience` consecutive updates (trainer.divergence). Counted on the device; checked every
+    trainer.divergence.check_interval updates, when the ranks agree."""
+
+    def __init__(self, device: torch.device, bad_streak: float, bound: float, patience: int):
+        self.bound, self.patience = bound, patience
+        self.streak = torch.tensor(bad_streak, device=device)
+        self.max_streak = torch.zeros((), device=device)
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+
+    def add(self, loss_per_token: torch.Tensor) -> None:
+        self.nonfinite |= ~torch.isfinite(loss_per_token)
+        self.streak = (self.streak + 1) * (loss_per_token > self.bound)
+        self.max_streak = torch.maximum(self.max_streak, self.streak)
+
+    @property
+    def bad_streak(self) -> float:
+        return float(self.streak)
+
+    def check(self, trainer: Trainer) -> Outcome:
+        if trainer.world > 1:  # ranks agree on divergence
+            flags = trainer.all_reduce(torch.stack([self.nonfinite.float(), self.max_streak]), "max")
+            self.nonfinite, self.max_streak = flags[0] > 0, flags[1]
+        step = trainer.state.step
+        if bool(self.nonfinite):
+            return Outcome("diverged", "non-finite loss (nan/inf)", step)
+        if float(self.max_streak) >= self.patience:
+            return Outcome("diverged", f"loss above {self.bound} for {self.patience} consecutive updates", step)
+        return Outcome()
