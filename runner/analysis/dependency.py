@@ -26,7 +26,7 @@ from torch import nn
 
 from runner.analysis import common
 from runner.analysis.hooks import SublayerRecorder
-from runner.model.norms import RMSNorm
+from runner.model.norms import RMSNorm, ScaleNorm
 
 
 def _apply_norm(norm: nn.Module, z: torch.Tensor, comps: dict[str, torch.Tensor]) -> None:
@@ -45,6 +45,11 @@ def _apply_norm(norm: nn.Module, z: torch.Tensor, comps: dict[str, torch.Tensor]
         rms = torch.sqrt(z.pow(2).mean(-1, keepdim=True) + norm.eps)
         for k, v in comps.items():
             comps[k] = v / rms * norm.weight
+        return
+    if isinstance(norm, ScaleNorm):
+        length = torch.linalg.vector_norm(z, dim=-1, keepdim=True).clamp(min=norm.eps)
+        for k, v in comps.items():
+            comps[k] = v / length * norm.weight
         return
     raise TypeError(f"dependency: no linearisation for {type(norm).__name__}")
 
@@ -85,6 +90,9 @@ def decompose(records, keep: torch.Tensor) -> dict:
 def measure(model, batch) -> dict:
     """beta for the encoder and the decoder of `model` on `batch` (eval mode)."""
     model.eval()
+    if any(getattr(layer, "bottom_to_top", False)
+           for layer in [*model.encoder.layers, *model.decoder.layers]):
+        raise TypeError("dependency: no decomposition of the B2T shortcut (norm=b2t)")
     with SublayerRecorder(model, keep=("x_in", "branch", "sum_in", "out")) as rec:
         model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
     src_keep = (batch.src_tokens != model.pad_index)

@@ -20,7 +20,7 @@ class SublayerRecord:
     ref: SublayerRef
     x_in: Optional[torch.Tensor] = None  # sublayer input (the shortcut before omega)
     branch: Optional[torch.Tensor] = None  # branch output after branch_norm and dropout, before alpha
-    sum_in: Optional[torch.Tensor] = None  # omega*x + alpha*branch: the post_norm input
+    sum_in: Optional[torch.Tensor] = None  # omega*x + alpha*branch (+ layer input, B2T): post_norm input
     out: Optional[torch.Tensor] = None  # sublayer output
     grad_out: Optional[torch.Tensor] = None  # dLoss/d(out), after backward
 

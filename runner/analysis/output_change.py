@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
+from runner import init as init_schemes
 from runner.analysis import common
 from runner.analysis.fits import fit_laws
 from runner.train.optim import build_optimizer, set_lr
@@ -36,7 +37,9 @@ def _outputs(model, batch) -> dict[str, torch.Tensor]:
     """Encoder output and decoder final hidden state (before the output projection), real
     tokens only, as (tokens, dim)."""
     captured = {}
-    handle = model.decoder.final_norm.register_forward_hook(
+    # ResiDual's stack output is alpha * x_N + LN(d_N), computed by its `dual` module
+    last = model.decoder.final_norm if model.decoder.dual is None else model.decoder.dual
+    handle = last.register_forward_hook(
         lambda m, a, out: captured.__setitem__("decoder", out.detach()))
     try:
         with torch.no_grad():
@@ -71,7 +74,7 @@ def adam_step(model, cfg, batch, lr: float) -> float:
     """One optimizer update on the loss of `batch`, exactly as Trainer takes it (clipping
     included). Returns the loss before the update."""
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(model.parameters(), cfg, "cpu")
+    optimizer = build_optimizer(model.parameters(), cfg, "cpu", init_schemes.param_groups(model, cfg))
     set_lr(optimizer, lr)
     loss = common.loss_of(model, cfg, batch)
     loss.backward()

@@ -42,6 +42,25 @@ class ModelConfig:
     qkv_bias_init: str = "zero"
     max_positions: int = 1024
     activation_checkpointing: bool = False
+    # QK-norm on every head's queries and keys before the dot product, in self- and
+    # cross-attention: none | layernorm | rmsnorm (Dehghani et al. 2023; Wortsman et al. 2023;
+    # logits still / sqrt(head_dim)) | l2 (Henry et al. 2020, Query-Key Normalization for
+    # Transformers: logits g * q_hat . k_hat, g learnable, replacing 1/sqrt(head_dim)).
+    qk_norm: str = "none"
+    # qk_norm=l2: g's initial value. Henry et al. (Sec. 3) set g0 = log2(L^2 - L) with L the 97.5th
+    # percentile of training sequence lengths; 12.32 = log2(72^2 - 72), their L for en-vi and
+    # en-he (CyndxAI/QKNorm QKNorm/configurations.py seq_len_threshold=72). Set it for your data.
+    qk_norm_temperature: float = 12.32
+    # sigma-reparam (Zhai et al., ICML 2023): every attention q/k/v/out and FFN fc1/fc2 weight W
+    # is used as (gamma / sigma(W)) W, sigma by one power-iteration step per training forward,
+    # gamma learnable (embeddings and the output projection stay plain). gamma's init: sigma
+    # (= sigma(W_0), the model equals the plain one at init; apple/ml-sigma-reparam vision) or
+    # one (apple/ml-sigma-reparam speech).
+    sigma_reparam: bool = False
+    sigma_reparam_gamma_init: str = "sigma"
+    # FixNorm: token-table rows used at unit L2 length, in the embeddings and the output projection
+    # (Nguyen & Salazar 2019, Transformers without Tears; tnq177/transformers_without_tears model.py)
+    fixnorm: bool = False
 
     @property
     def num_encoder_layers(self) -> int:
@@ -57,12 +76,12 @@ class NormConfig:
     """Norm placement (fairseq's normalize_before) and kind. The slot table per placement is in
     runner/model/sublayer.py."""
 
-    placement: str = "post"  # post | pre | none | sandwich
+    placement: str = "post"  # post | pre | none | sandwich | b2t | resi_dual
     # Per-stack placement, null = `placement` (Admin Table 1 mixes a Post-LN encoder with a
     # Pre-LN decoder: norm.decoder_placement=pre).
     encoder_placement: Optional[str] = None
     decoder_placement: Optional[str] = None
-    kind: str = "layernorm"  # layernorm | rmsnorm
+    kind: str = "layernorm"  # layernorm | rmsnorm | dyt | scalenorm
     eps: float = 1e-5
     # A norm after the last layer of each stack. null: the placement's default (on for pre and
     # sandwich, off for post and none).
@@ -70,6 +89,19 @@ class NormConfig:
     # A norm on the embedding sum before the first layer: with post it gives the Lipschitz
     # paper's "v1" computation order (Xu et al. 2020, Fig. 1).
     embedding_norm: bool = False
+    # kind=dyt: alpha's init in DyT(x) = gamma tanh(alpha x) + beta (Zhu et al. 2025, CVPR,
+    # Transformers without Normalization; jiachenzhu/DyT dynamic_tanh.py alpha_init_value=0.5)
+    dyt_alpha: float = 0.5
+    # placement=b2t: scale every branch weight by (layers of its stack)^-1/2 after the init scheme
+    # (takase/b2t_connection@c8e2ad4 fairseq/modules/transformer_layer.py rescaling_init;
+    # false = the revision before 4d80167, no rescaling)
+    b2t_rescale_init: bool = True
+    # placement=resi_dual: s in d_{k+1} = d_k + s F_k, d_0 = s x_0 (Xie et al. 2023, ResiDual;
+    # microsoft/ResiDual res_input_norm_scale: 1.0 in hydra_config/iwslt.yaml, 0.05 in the fp16 opus.yaml)
+    resi_dual_scale: float = 1.0
+    # placement=resi_dual: alpha in the output alpha x_N + LN(d_N) (microsoft/ResiDual
+    # resi_dual.py enc_alpha / dec_alpha, default 1.0)
+    resi_dual_alpha: float = 1.0
 
 
 @dataclass
@@ -93,6 +125,12 @@ class InitConfig:
     # rezero ramp: alpha rises by this step per update until 1 (Su 2021, kexue.fm/archives/8620);
     # 0 = learned alpha.
     alpha_ramp_step: float = 0.0
+    # depth_mup: x_{l+1} = x_l + m^-a F_l(x_l), m = layers / depth_mup_base_layers (per stack);
+    # a = 0.5 (Yang et al., ICLR 2024, Tensor Programs VI, Depth-muP) or 1.0 (Dey et al. 2025,
+    # CompleteP), any a in [0.5, 1] accepted. The optimizer corrections follow (runner/init/depth_mup.py).
+    depth_mup_exponent: float = 0.5
+    # L_base, the depth the learning rate was tuned at; 6 = the tiny preset's depth (the CPU default)
+    depth_mup_base_layers: int = 6
 
 
 @dataclass

@@ -19,8 +19,10 @@ CHOICES = {
     "model.parameterization": ("standard", "ntk"),
     "model.attention": ("standard", "t5"),
     "model.qkv_bias_init": ("zero", "torch_default"),
-    "norm.placement": ("post", "pre", "none", "sandwich"),
-    "norm.kind": ("layernorm", "rmsnorm"),
+    "model.qk_norm": ("none", "layernorm", "rmsnorm", "l2"),
+    "model.sigma_reparam_gamma_init": ("sigma", "one"),
+    "norm.placement": ("post", "pre", "none", "sandwich", "b2t", "resi_dual"),
+    "norm.kind": ("layernorm", "rmsnorm", "dyt", "scalenorm"),
     "optim.name": ("adam", "radam", "sgd"),
     "optim.radam_mode": ("admin", "sgd_fallback", "torch"),
     "schedule.name": ("inverse_sqrt", "linear", "constant"),
@@ -126,7 +128,42 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"{key}={value!r}: expected one of {', '.join(CHOICES['norm.placement'])} or null")
     if cfg.norm.placement == "none" and (cfg.norm.final_norm or cfg.norm.embedding_norm):
         raise ConfigError("norm=none removes every norm: unset norm.final_norm / norm.embedding_norm")
+    _check_new_norms(cfg)
+    _check_qk_norm_and_sigma_reparam(cfg)
     if trainer.device == "cpu" and trainer.precision == "fp16":
         raise ConfigError("trainer.precision=fp16 needs CUDA: use trainer.precision=bf16 or fp32 on CPU")
     if trainer.devices > 1 and trainer.update_freq < 1:
         raise ConfigError("trainer.update_freq must be >= 1")
+
+
+def _check_new_norms(cfg: Any) -> None:
+    """DyT's alpha, ResiDual's s and alpha, and ResiDual's LN(d_N) (the final_norm slot)."""
+    norm = cfg.norm
+    if norm.dyt_alpha <= 0:
+        raise ConfigError(f"norm.dyt_alpha={norm.dyt_alpha}: expected > 0 (the paper uses 0.5)")
+    for key in ("norm.resi_dual_scale", "norm.resi_dual_alpha"):
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}={_get(cfg, key)}: expected a value >= 0")
+    stacks = (norm.encoder_placement or norm.placement, norm.decoder_placement or norm.placement)
+    if "resi_dual" in stacks and norm.final_norm is False:
+        raise ConfigError("norm=resi_dual outputs alpha * x_N + LN(d_N) and needs its final norm: "
+                          "unset norm.final_norm")
+
+
+def _check_qk_norm_and_sigma_reparam(cfg: Any) -> None:
+    """QK-norm's temperature and the combinations QK-norm and sigma-reparam do not define."""
+    model = cfg.model
+    if model.qk_norm == "l2" and model.qk_norm_temperature <= 0:
+        raise ConfigError(f"model.qk_norm_temperature={model.qk_norm_temperature}: expected > 0 "
+                          "(Henry et al. 2020 start at log2(L^2 - L))")
+    if model.qk_norm != "none" and model.attention == "t5":
+        raise ConfigError(f"model.qk_norm={model.qk_norm} normalizes q and k, which undoes "
+                          "model.attention=t5's q/k init scaling: use model.attention=standard")
+    if model.sigma_reparam and model.parameterization == "ntk":
+        raise ConfigError("model.sigma_reparam=true divides each weight by its spectral norm, which "
+                          "cancels model.parameterization=ntk's output scale: use "
+                          "model.parameterization=standard")
+    if model.sigma_reparam and model.activation_checkpointing:
+        raise ConfigError("model.sigma_reparam=true advances its power iteration in every training "
+                          "forward, so a checkpointed recomputation would see another sigma: set "
+                          "model.activation_checkpointing=false")

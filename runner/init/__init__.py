@@ -3,7 +3,8 @@
 The registry is the dict literal below: adding a scheme is one file with an InitScheme subclass
 and one line here. Nothing registers itself on import. The run assembly calls, in order,
 `check_requirements(cfg)` (config time), `residual_spec(cfg)` (handed to the model builder),
-`apply(model, cfg, batch)` (after the model is built) and `update_hook(cfg)` (per update).
+`apply(model, cfg, batch)` (after the model is built; it ends with the model's `after_init()`),
+`param_groups(model, cfg)` (handed to the optimizer builder) and `update_hook(cfg)` (per update).
 """
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from typing import Callable, Optional
 from runner.config import ConfigError
 from runner.init.admin import Admin
 from runner.init.admin_torch import AdminTorch
-from runner.init.base import InitScheme, ModelSurface, placement_problems
+from runner.init.b2t import rescale_b2t
+from runner.init.base import InitScheme, ModelSurface, ParamGroup, placement_problems
 from runner.init.deepnorm import DeepNorm
+from runner.init.depth_mup import DepthMuP
 from runner.init.ds_init import DSInit
+from runner.init.layerscale import LayerScale
 from runner.init.lipschitz import Lipschitz
 from runner.init.rezero import ReZero
 from runner.init.rezero_postln import ReZeroPostLN
@@ -36,6 +40,8 @@ SCHEMES: dict[str, InitScheme] = {
     "rezero_postln": ReZeroPostLN(),
     "skipinit": SkipInit(),
     "rezero_ramp": ReZeroRamp(),
+    "layerscale": LayerScale(),
+    "depth_mup": DepthMuP(),
 }
 
 
@@ -61,8 +67,19 @@ def residual_spec(cfg) -> ResidualSpec:
 
 def apply(model: ModelSurface, cfg, batch=None) -> dict:
     """Initialize `model` in place with the configured scheme; returns the init.json report."""
-    report = get_scheme(cfg.init.name).apply(model, cfg, batch)
-    return {"scheme": cfg.init.name, **report}
+    report = {"scheme": cfg.init.name, **get_scheme(cfg.init.name).apply(model, cfg, batch)}
+    b2t = rescale_b2t(model, cfg)  # norm=b2t's own init step, after any scheme (runner/init/b2t.py)
+    if b2t is not None:
+        report["b2t_rescale"] = b2t
+    # The weights are final: the model sets what depends on them (sigma-reparam's gamma =
+    # sigma(W_0) and power-iteration vectors; a no-op otherwise, no random numbers).
+    model.after_init()
+    return report
+
+
+def param_groups(model: ModelSurface, cfg) -> Optional[list[ParamGroup]]:
+    """The scheme's optimizer parameter groups (lr and eps multipliers), or None for one group."""
+    return get_scheme(cfg.init.name).param_groups(model, cfg)
 
 
 def update_hook(cfg) -> Optional[Callable[[ModelSurface, int], None]]:

@@ -106,6 +106,9 @@ def apply_admin(model, cfg, batch) -> dict:
     if batch is None:
         raise ValueError("init=admin profiles the first training batch: pass it to apply()")
     fairseq_xavier(model, cfg)
+    # the weights are final: with sigma-reparam, profile the model as it will start (gamma =
+    # sigma(W_0)); runner.init.apply calls after_init again afterwards, with the same result
+    model.after_init()
     omegas = profile(model, cfg, batch)
     return {"rule": "Admin profiling (Liu et al. 2020, Sec. 4.3; Transformer-Clinic "
                     "fairseq/fairseq/modules/transformer_layer.py), one forward+backward of the "

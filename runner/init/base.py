@@ -5,9 +5,15 @@ the model's structure, so state_dict keys are the same under every scheme. What 
 from the model is the `ModelSurface` protocol below; what the model needs from a scheme (which
 residual scales train) is the `ResidualSpec` the scheme declares, handed to the model's builder
 by the run assembly. The model never imports this package.
+
+A scheme may also give the optimizer parameter groups (`param_groups`: learning-rate and Adam
+eps multipliers per parameter, Depth-muP's corrections); the run assembly hands them to
+runner.train.optim.build_optimizer, and the train loop multiplies each group's lr by its own
+multiplier.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Optional, Protocol
 
 import torch
@@ -51,6 +57,8 @@ class ModelSurface(Protocol):
 
     def zero_grad(self, set_to_none: bool = True) -> None: ...
 
+    def after_init(self) -> None: ...  # weight-dependent state (sigma-reparam), once weights are final
+
 
 class InitScheme:
     """Base class of the schemes. Subclasses set `name` and `placements` and implement `apply`;
@@ -64,6 +72,8 @@ class InitScheme:
       (Admin profiles it). Returns the report written to init.json.
     on_update(model, step, cfg): called after every optimizer update when `updates_during_training`
       is True for this config (alpha ramps).
+    param_groups(model, cfg): optimizer parameter groups with their lr and eps multipliers, or
+      None (one group, the configured lr and eps: every scheme but depth_mup).
     """
 
     name: ClassVar[str] = ""
@@ -87,6 +97,21 @@ class InitScheme:
 
     def on_update(self, model: ModelSurface, step: int, cfg) -> None:
         return None
+
+    def param_groups(self, model: ModelSurface, cfg) -> Optional[list["ParamGroup"]]:
+        return None
+
+
+@dataclass
+class ParamGroup:
+    """Parameters the optimizer treats alike: lr = schedule's lr * lr_scale at every update,
+    Adam/RAdam eps = optim.eps * eps_scale (SGD has no eps). Groups must cover every trainable
+    parameter once."""
+
+    name: str
+    params: list[nn.Parameter]
+    lr_scale: float = 1.0
+    eps_scale: float = 1.0
 
 
 def stack_placements(cfg) -> dict[str, str]:

@@ -6,6 +6,7 @@ import math
 import torch
 from torch import nn
 
+from runner.model.norms import DynamicTanh, ScaleNorm
 from runner.model.sublayer import Sublayer
 
 # fairseq's separate q/k/v carry gain 1/sqrt(2) so that the fused (3d x d) Xavier bound
@@ -29,6 +30,9 @@ def init_embedding(weight: torch.Tensor, dim: int, pad_index: int) -> None:
 @torch.no_grad()
 def reset_norms_and_scales(model) -> None:
     for _, norm in model.norms():
+        if isinstance(norm, (DynamicTanh, ScaleNorm)):
+            norm.reset_parameters()  # their own init values (DyT's alpha, ScaleNorm's g = sqrt(d))
+            continue
         nn.init.ones_(norm.weight)
         if getattr(norm, "bias", None) is not None:
             nn.init.zeros_(norm.bias)

@@ -14,6 +14,18 @@ concatenated weights (faster than three; the weights stay separate parameters so
 them one by one). That is only the same computation when the projections are plain affine maps,
 so it follows from the parameterization (runner.model.linear.plain_affine), never from the type
 of a projection.
+
+QK-norm (model.qk_norm) normalizes every head's queries and keys over the head dimension after
+the projections and before the kernel, on every path (full, packed, decoding): layernorm or
+rmsnorm with learnable (Dh,) gains shared by the heads, separate for q and k (Dehghani et al.
+2023, Scaling Vision Transformers to 22 Billion Parameters, Sec. 2; Wortsman et al. 2023,
+Small-scale proxies for large-scale Transformer training instabilities, Sec. 3.1; the per-head
+q_norm/k_norm of timm's vision_transformer.py Attention), logits still scaled by 1/sqrt(Dh); or
+l2 (Henry et al., Findings of EMNLP 2020, Query-Key Normalization for Transformers, Eq. 3;
+CyndxAI/QKNorm QKNorm/layers.py): q_hat = q/||q||, k_hat = k/||k||, logits g * q_hat . k_hat with
+one learnable scalar g per attention module in place of 1/sqrt(Dh). The kernels take the logit
+scale as a float, so a learnable g is folded into the queries (g * q_hat) and the kernel gets
+scale 1. Decoding caches hold normalized keys.
 """
 from __future__ import annotations
 
@@ -25,28 +37,63 @@ from torch import nn
 from torch.nn import functional as F
 
 from runner.model.kernels import AttentionKernels
-from runner.model.linear import make_linear, plain_affine
+from runner.model.linear import linear_variant, make_linear, plain_affine
+from runner.model.norms import make_norm
 from runner.model.packing import Packing
+
+# eps of the layernorm / rmsnorm QK-norms (torch's LayerNorm default, also norm.eps's default)
+QK_NORM_EPS = 1e-5
+
+
+class L2Norm(nn.Module):
+    """x / max(||x||_2, 1e-12) over the last dimension (F.normalize, as CyndxAI/QKNorm layers.py)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, p=2.0, dim=-1)
+
+
+def attention_options(cfg) -> dict:
+    """MultiheadAttention's keyword arguments from the ModelConfig: QK-norm and sigma-reparam."""
+    return {"qk_norm": cfg.qk_norm, "qk_temperature": cfg.qk_norm_temperature,
+            "sigma_reparam": linear_variant(cfg)}
 
 
 class MultiheadAttention(nn.Module):
     def __init__(self, dim: int, heads: int, dropout: float, parameterization: str = "standard",
-                 logit_scale: str = "standard", self_attention: bool = True):
+                 logit_scale: str = "standard", self_attention: bool = True,
+                 qk_norm: str = "none", qk_temperature: float = 1.0,
+                 sigma_reparam: Optional[str] = None):
         super().__init__()
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.dropout = dropout
         self.self_attention = self_attention
-        self.q_proj = make_linear(dim, dim, parameterization)
-        self.k_proj = make_linear(dim, dim, parameterization)
-        self.v_proj = make_linear(dim, dim, parameterization)
-        self.out_proj = make_linear(dim, dim, parameterization)
+        self.q_proj = make_linear(dim, dim, parameterization, sigma_reparam=sigma_reparam)
+        self.k_proj = make_linear(dim, dim, parameterization, sigma_reparam=sigma_reparam)
+        self.v_proj = make_linear(dim, dim, parameterization, sigma_reparam=sigma_reparam)
+        self.out_proj = make_linear(dim, dim, parameterization, sigma_reparam=sigma_reparam)
         # t5: no 1/sqrt(head_dim) in the logits; the init divides the q/k variance instead
         # (Su 2021, kexue.fm/archives/8620, "NTK Parameterization"). The kernels take the scale
         # explicitly.
         self.scale = 1.0 if logit_scale == "t5" else 1.0 / math.sqrt(self.head_dim)
+        # QK-norm (see the module docstring): None when off, so the default path is unchanged.
+        self.q_norm: Optional[nn.Module] = None
+        self.k_norm: Optional[nn.Module] = None
+        self.qk_temperature: Optional[nn.Parameter] = None
+        if qk_norm in ("layernorm", "rmsnorm"):
+            self.q_norm = make_norm(qk_norm, self.head_dim, QK_NORM_EPS)
+            self.k_norm = make_norm(qk_norm, self.head_dim, QK_NORM_EPS)
+        elif qk_norm == "l2":
+            self.q_norm, self.k_norm = L2Norm(), L2Norm()
+            # g replaces 1/sqrt(Dh); initial value model.qk_norm_temperature (Henry et al. 2020,
+            # Sec. 3: g0 = log2(L^2 - L), L the 97.5th percentile training sequence length)
+            self.qk_temperature = nn.Parameter(torch.full((1,), float(qk_temperature)))
+            self.scale = 1.0
+        elif qk_norm != "none":
+            raise ValueError(f"qk_norm {qk_norm!r}: expected none, layernorm, rmsnorm or l2")
         # One F.linear of concatenated weights equals separate projections only for plain affine
-        # maps x W^T + b (standard parameterization; NTK scales its weights in forward).
-        affine = plain_affine(parameterization)
+        # maps x W^T + b (standard parameterization; NTK scales its weights in forward,
+        # sigma-reparam divides each by its spectral norm).
+        affine = plain_affine(parameterization, sigma_reparam)
         self.fuse_qkv = self_attention and affine  # q, k and v of x in one matmul
         self.fuse_kv = affine  # k and v of memory in one matmul (packed cross-attention)
         # the device's kernels, chosen when the model is placed (Seq2Seq.select_kernels)
@@ -66,8 +113,20 @@ class MultiheadAttention(nn.Module):
             return self._decoding_step(x, memory, attn_mask, cache)
         q, k, v = self._project(x, memory)  # (B, T, D)
         q, k, v = self._split(q), self._split(k), self._split(v)  # (B, H, T, Dh)
+        q, k = self._norm_q(q), self._norm_k(k)  # QK-norm (identity when off)
         out = self._attention(q, k, v, attn_mask, is_causal)  # (B, H, Tq, Dh)
         return self.out_proj(self._merge(out))
+
+    def _norm_q(self, q: torch.Tensor) -> torch.Tensor:
+        """QK-norm of the queries (B, H, T, Dh), with l2's temperature g folded in."""
+        if self.q_norm is None:
+            return q
+        q = self.q_norm(q)
+        return q if self.qk_temperature is None else q * self.qk_temperature
+
+    def _norm_k(self, k: torch.Tensor) -> torch.Tensor:
+        """QK-norm of the keys (B, H, T, Dh); decoding caches hold its output."""
+        return k if self.k_norm is None else self.k_norm(k)
 
     def _project(self, x: torch.Tensor,
                  memory: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -122,6 +181,7 @@ class MultiheadAttention(nn.Module):
             k = layout.unpack(self.k_proj(source))
             v = layout.unpack(self.v_proj(source))
         q, k, v = self._split(q), self._split(k), self._split(v)
+        q, k = self._norm_q(q), self._norm_k(k)
         out = self._attention(q, k, v, attn_mask, is_causal)
         return self.out_proj(packing.pack_heads(out))
 
@@ -142,13 +202,15 @@ class MultiheadAttention(nn.Module):
                 if "qkv" not in cache:  # a tuple, so cache reorders (tensors only) skip it
                     cache["qkv"] = self._concatenated(self.q_proj, self.k_proj, self.v_proj)
                 q, k, v = (self._split(t) for t in F.linear(x, *cache["qkv"]).chunk(3, dim=-1))
+                k = self._norm_k(k)
             else:
                 q = self._split(self.q_proj(x))
-                k, v = self.project_kv(x)
+                k, v = self.project_kv(x)  # keys QK-normed there
+            q = self._norm_q(q)
             k, v = self._append(cache, k, v)
             group = 1
         else:
-            q = self._split(self.q_proj(x))
+            q = self._norm_q(self._split(self.q_proj(x)))
             if "k" not in cache:
                 cache["k"], cache["v"] = self.project_kv(memory, contiguous=True)
             k, v = cache["k"], cache["v"]
@@ -163,9 +225,10 @@ class MultiheadAttention(nn.Module):
         return self.out_proj(out)
 
     def project_kv(self, memory: torch.Tensor, contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """contiguous=True for keys/values cached over decoding steps: the (B, H, S, Dh) view of
+        """Keys (QK-normed when model.qk_norm is on) and values of `memory`, (B, H, S, Dh) each.
+        contiguous=True for keys/values cached over decoding steps: the (B, H, S, Dh) view of
         a (B, S, D) projection cannot be batched by matmul without a copy, so copy it once."""
-        k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+        k, v = self._norm_k(self._split(self.k_proj(memory))), self._split(self.v_proj(memory))
         return (k.contiguous(), v.contiguous()) if contiguous else (k, v)
 
     @staticmethod

@@ -6,6 +6,7 @@ import math
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from runner.model.dropout import Dropout
 
@@ -22,11 +23,16 @@ def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
 
 
 class Embedder(nn.Module):
-    """sqrt(d) * E[token] + PE(position), then dropout. The token table may be shared."""
+    """sqrt(d) * E[token] + PE(position), then dropout. The token table may be shared.
+    With `fixnorm` the rows of E are used at unit L2 length, E[t] / ||E[t]|| (FixNorm as
+    Nguyen & Salazar 2019 use it: tnq177/transformers_without_tears model.py,
+    F.normalize(self.word_embedding, dim=-1) before the lookup and the sqrt(d) scale)."""
 
-    def __init__(self, tokens: nn.Embedding, max_positions: int, dropout: float, scale: bool):
+    def __init__(self, tokens: nn.Embedding, max_positions: int, dropout: float, scale: bool,
+                 fixnorm: bool = False):
         super().__init__()
         self.tokens = tokens
+        self.fixnorm = fixnorm
         dim = tokens.embedding_dim
         self.scale = math.sqrt(dim) if scale else 1.0
         # Positions are a fixed function, not a parameter: kept out of the state_dict.
@@ -35,5 +41,8 @@ class Embedder(nn.Module):
 
     def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         """tokens: (B, T); `start` is the first position (incremental decoding)."""
-        x = self.tokens(tokens) * self.scale
+        if self.fixnorm:  # normalizing the looked-up rows = looking up the normalized table
+            x = F.normalize(self.tokens(tokens), dim=-1) * self.scale
+        else:
+            x = self.tokens(tokens) * self.scale
         return self.dropout(x + self.positions[start:start + tokens.shape[1]])

@@ -12,13 +12,22 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from runner.config import ModelConfig, NormConfig
-from runner.model.attention import MultiheadAttention
+from runner.model.attention import MultiheadAttention, attention_options
 from runner.model.embedding import Embedder
 from runner.model.ffn import FeedForward
 from runner.model.kernels import AttentionKernels
-from runner.model.norms import make_norm
+from runner.model.linear import SigmaReparamLinear, linear_variant
+from runner.model.norms import NORM_TYPES, DynamicTanh, make_norm
 from runner.model.packing import Packing
-from runner.model.sublayer import PLACEMENTS, ResidualSpec, Slots, Sublayer
+from runner.model.sublayer import (
+    PLACEMENTS,
+    RESI_DUAL_FINAL_EPS,
+    DualStream,
+    ResiDualOutput,
+    ResidualSpec,
+    Slots,
+    Sublayer,
+)
 
 
 @dataclass
@@ -49,43 +58,68 @@ def share_alpha(sublayers: list[Sublayer], residual: ResidualSpec) -> None:
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, make_sublayer, residual: ResidualSpec):
+    def __init__(self, cfg: ModelConfig, make_sublayer, residual: ResidualSpec,
+                 slots: Optional[Slots] = None, dual_scale: float = 1.0):
         super().__init__()
         self.self_attn = make_sublayer(MultiheadAttention(
-            cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention))
+            cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention,
+            **attention_options(cfg)))
         self.ffn = make_sublayer(FeedForward(cfg.dim, cfg.ffn_dim, cfg.activation,
-                                             cfg.activation_dropout, cfg.parameterization))
+                                             cfg.activation_dropout, cfg.parameterization,
+                                             linear_variant(cfg)))
         share_alpha([self.self_attn, self.ffn], residual)
+        # B2T: x (the layer input) joins the FFN's post-norm; ResiDual: s of the dual stream
+        self.bottom_to_top = slots is not None and slots.bottom_to_top
+        self.dual_scale = dual_scale
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
-                packing: Optional[Packing] = None) -> torch.Tensor:
-        x = self.self_attn(x, attn_mask=pad_mask, packing=packing)
-        return self.ffn(x)
+                packing: Optional[Packing] = None, dual: Optional[torch.Tensor] = None):
+        """Returns the layer output; with `dual` (ResiDual) the pair (output, dual stream)."""
+        bottom = x if self.bottom_to_top else None
+        stream = None if dual is None else DualStream(dual, self.dual_scale)
+        x = self.self_attn(x, attn_mask=pad_mask, packing=packing, dual=stream)
+        if bottom is None and stream is None:
+            return self.ffn(x)
+        x = self.ffn(x, bottom=bottom, dual=stream)
+        return x if stream is None else (x, stream.value)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, make_sublayer, residual: ResidualSpec):
+    def __init__(self, cfg: ModelConfig, make_sublayer, residual: ResidualSpec,
+                 slots: Optional[Slots] = None, dual_scale: float = 1.0):
         super().__init__()
         self.self_attn = make_sublayer(MultiheadAttention(
-            cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention))
+            cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention,
+            **attention_options(cfg)))
         self.cross_attn = make_sublayer(MultiheadAttention(
             cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention,
-            self_attention=False))
+            self_attention=False, **attention_options(cfg)))
         self.ffn = make_sublayer(FeedForward(cfg.dim, cfg.ffn_dim, cfg.activation,
-                                             cfg.activation_dropout, cfg.parameterization))
+                                             cfg.activation_dropout, cfg.parameterization,
+                                             linear_variant(cfg)))
         share_alpha([self.self_attn, self.cross_attn, self.ffn], residual)
+        # B2T: x (the layer input, before self-attention) joins the FFN's post-norm, whose
+        # branch input h is the cross-attention sublayer's output; ResiDual: s of the dual stream
+        self.bottom_to_top = slots is not None and slots.bottom_to_top
+        self.dual_scale = dual_scale
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: Optional[torch.Tensor],
                 cache: Optional[dict] = None, packing: Optional[Packing] = None,
-                memory_packing: Optional[Packing] = None) -> torch.Tensor:
+                memory_packing: Optional[Packing] = None, dual: Optional[torch.Tensor] = None):
+        """Returns the layer output; with `dual` (ResiDual) the pair (output, dual stream)."""
+        bottom = x if self.bottom_to_top else None
+        stream = None if dual is None else DualStream(dual, self.dual_scale)
         # Training: causal mask only. Targets are right-padded, so a real token never sees a pad
         # key, and sdpa can use its flash kernel. Incremental decoding: one query, no mask.
-        x = self.self_attn(x, is_causal=cache is None, packing=packing,
+        x = self.self_attn(x, is_causal=cache is None, packing=packing, dual=stream,
                            cache=None if cache is None else cache.setdefault("self", {}))
         x = self.cross_attn(x, memory=memory, attn_mask=memory_mask, packing=packing,
-                            memory_packing=memory_packing,
+                            memory_packing=memory_packing, dual=stream,
                             cache=None if cache is None else cache.setdefault("cross", {}))
-        return self.ffn(x)
+        if bottom is None and stream is None:
+            return self.ffn(x)
+        x = self.ffn(x, bottom=bottom, dual=stream)
+        return x if stream is None else (x, stream.value)
 
 
 class Stack(nn.Module):
@@ -98,8 +132,24 @@ class Stack(nn.Module):
         self.embedding_norm = make_norm(norm.kind, dim, norm.eps) if norm.embedding_norm else nn.Identity()
         self.layers = nn.ModuleList(layers)
         final = slots.final_norm if norm.final_norm is None else norm.final_norm
-        self.final_norm = make_norm(norm.kind, dim, norm.eps) if final else nn.Identity()
+        # ResiDual's LN(d_N) has eps 1e-7 (microsoft/ResiDual resi_dual.py: LayerNorm(..., eps=1e-7))
+        final_eps = RESI_DUAL_FINAL_EPS if slots.dual else norm.eps
+        self.final_norm = make_norm(norm.kind, dim, final_eps) if final else nn.Identity()
         self.checkpointing = checkpointing
+        # ResiDual: d_0 = s x_0 and the output alpha x_N + final_norm(d_N); None otherwise
+        self.dual = (ResiDualOutput(norm.resi_dual_scale, norm.resi_dual_alpha)
+                     if slots.dual else None)
+
+    def start_dual(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """ResiDual's d_0 = s * x_0 (microsoft/ResiDual resi_dual.py: res = x * res_input_norm_scale);
+        None when the stack has no dual stream."""
+        return None if self.dual is None else x * self.dual.scale
+
+    def output(self, x: torch.Tensor, dual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The stack's output: final_norm(x), or ResiDual's alpha * x_N + final_norm(d_N)."""
+        if dual is None:
+            return self.final_norm(x)
+        return self.dual(x, self.final_norm(dual))
 
     def run_layer(self, layer: nn.Module, *args):
         if self.checkpointing and self.training:
@@ -128,18 +178,25 @@ class Seq2Seq(nn.Module):
         else:
             tgt_embed = nn.Embedding(tgt_vocab, cfg.dim, padding_idx=pad_index)
         self.encoder = Stack(
-            Embedder(src_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale),
-            [EncoderLayer(cfg, sublayer_factory(enc_slots), residual)
+            Embedder(src_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm),
+            [EncoderLayer(cfg, sublayer_factory(enc_slots), residual, enc_slots,
+                          norm.resi_dual_scale)
              for _ in range(cfg.num_encoder_layers)],
             cfg.dim, enc_slots, norm, cfg.activation_checkpointing)
         self.decoder = Stack(
-            Embedder(tgt_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale),
-            [DecoderLayer(cfg, sublayer_factory(dec_slots), residual)
+            Embedder(tgt_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm),
+            [DecoderLayer(cfg, sublayer_factory(dec_slots), residual, dec_slots,
+                          norm.resi_dual_scale)
              for _ in range(cfg.num_decoder_layers)],
             cfg.dim, dec_slots, norm, cfg.activation_checkpointing)
         # Output projection: tied to the decoder embedding unless share_embeddings=none.
         self.output_weight = (nn.Parameter(torch.empty(tgt_vocab, cfg.dim))
                               if cfg.share_embeddings == "none" else None)
+        # DyT's alpha starts at norm.dyt_alpha in every DyT the model holds (its reset value too)
+        for module in self.modules():
+            if isinstance(module, DynamicTanh):
+                module.alpha_init = norm.dyt_alpha
+                module.reset_parameters()
 
     # ----- typed surface for init schemes and analysis (by role, never by parameter name) -----
     def sublayers(self) -> Iterator[SublayerRef]:
@@ -164,6 +221,13 @@ class Seq2Seq(nn.Module):
     def output_projection_weight(self) -> torch.Tensor:
         return self.decoder.embedder.tokens.weight if self.output_weight is None else self.output_weight
 
+    def output_matrix(self) -> torch.Tensor:
+        """The matrix the logits use: the output projection, its rows at unit length under
+        model.fixnorm (tnq177/transformers_without_tears model.py: logit_fn on the
+        F.normalize'd word_embedding)."""
+        weight = self.output_projection_weight
+        return F.normalize(weight, dim=-1) if self.cfg.fixnorm else weight
+
     def select_kernels(self, device_type: str) -> "Seq2Seq":
         """Choose every attention's kernels for the device the model now lives on (call after
         .to(device); runner/model/kernels.py)."""
@@ -173,9 +237,19 @@ class Seq2Seq(nn.Module):
                 module.kernels = chosen
         return self
 
+    @torch.no_grad()
+    def after_init(self) -> None:
+        """Set what depends on the initial weights, once the init scheme has written them
+        (runner.init.apply calls it): sigma-reparam's power-iteration vectors and gamma
+        (runner/model/linear.py SigmaReparamLinear.after_init). Draws no random numbers; a no-op
+        without sigma-reparam."""
+        for module in self.modules():
+            if isinstance(module, SigmaReparamLinear):
+                module.after_init()
+
     def norms(self) -> Iterator[tuple[str, nn.Module]]:
         for name, module in self.named_modules():
-            if isinstance(module, (nn.LayerNorm,)) or type(module).__name__ == "RMSNorm":
+            if isinstance(module, NORM_TYPES) or type(module).__name__ == "RMSNorm":
                 yield name, module
 
     # ----- computation -----
@@ -184,9 +258,13 @@ class Seq2Seq(nn.Module):
         (B, 1, 1, S), True where a real token is (None when the batch has no padding)."""
         mask = (src_tokens != self.pad_index)[:, None, None, :] if src_has_pad else None
         x = self.encoder.embedding_norm(self.encoder.embedder(src_tokens))
+        dual = self.encoder.start_dual(x)
         for layer in self.encoder.layers:
-            x = self.encoder.run_layer(layer, x, mask)
-        return self.encoder.final_norm(x), mask
+            if dual is None:
+                x = self.encoder.run_layer(layer, x, mask)
+            else:
+                x, dual = self.encoder.run_layer(layer, x, mask, None, dual)
+        return self.encoder.output(x, dual), mask
 
     def decode(self, prev_tokens: torch.Tensor, memory: torch.Tensor,
                memory_mask: Optional[torch.Tensor], caches: Optional[list[dict]] = None,
@@ -194,12 +272,21 @@ class Seq2Seq(nn.Module):
         """prev_tokens: (B, T) decoder input (eos-shifted target). Returns logits (B, T, V).
         With `caches` (one dict per layer) only the new positions are fed (from `start`)."""
         x = self.decoder.embedding_norm(self.decoder.embedder(prev_tokens, start))
+        dual = self.decoder.start_dual(x)
+        if dual is not None:  # ResiDual: the dual stream is position-wise, caches need nothing
+            for i, layer in enumerate(self.decoder.layers):
+                if caches is None:
+                    x, dual = self.decoder.run_layer(layer, x, memory, memory_mask, None, None,
+                                                     None, dual)
+                else:
+                    x, dual = layer(x, memory, memory_mask, caches[i], dual=dual)
+            return F.linear(self.decoder.output(x, dual), self.output_matrix())
         for i, layer in enumerate(self.decoder.layers):
             if caches is None:
                 x = self.decoder.run_layer(layer, x, memory, memory_mask)
             else:
                 x = layer(x, memory, memory_mask, caches[i])
-        return F.linear(self.decoder.final_norm(x), self.output_projection_weight)
+        return F.linear(self.decoder.final_norm(x), self.output_matrix())
 
     def forward(self, src_tokens: torch.Tensor, prev_tokens: torch.Tensor,
                 src_has_pad: bool = True, unpad: bool = False) -> torch.Tensor:
@@ -218,13 +305,21 @@ class Seq2Seq(nn.Module):
         mask = src_keep[:, None, None, :] if src_has_pad else None
         src, tgt = Packing(src_keep), Packing(prev_tokens != self.pad_index)
         x = src.pack(self.encoder.embedding_norm(self.encoder.embedder(src_tokens)))
+        dual = self.encoder.start_dual(x)
         for layer in self.encoder.layers:
-            x = self.encoder.run_layer(layer, x, mask, src)
-        memory = self.encoder.final_norm(x)
+            if dual is None:
+                x = self.encoder.run_layer(layer, x, mask, src)
+            else:
+                x, dual = self.encoder.run_layer(layer, x, mask, src, dual)
+        memory = self.encoder.output(x, dual)
         y = tgt.pack(self.decoder.embedding_norm(self.decoder.embedder(prev_tokens)))
+        dual = self.decoder.start_dual(y)
         for layer in self.decoder.layers:
-            y = self.decoder.run_layer(layer, y, memory, mask, None, tgt, src)
-        return F.linear(self.decoder.final_norm(y), self.output_projection_weight)
+            if dual is None:
+                y = self.decoder.run_layer(layer, y, memory, mask, None, tgt, src)
+            else:
+                y, dual = self.decoder.run_layer(layer, y, memory, mask, None, tgt, src, dual)
+        return F.linear(self.decoder.output(y, dual), self.output_matrix())
 
 
 def build_model(cfg, src_vocab: int, tgt_vocab: int, pad_index: int,

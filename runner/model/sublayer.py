@@ -3,7 +3,8 @@
     out = post_norm( omega * x + alpha * Dropout(branch_norm(branch(pre_norm(x)))) )
 
 omega (a d-vector, the shortcut scale of Admin/DeepNorm) and alpha (the branch scale of
-ReZero/SkipInit, a scalar) always exist, so every init scheme sees the same state_dict; a scheme
+ReZero/SkipInit, a scalar; a d-vector for LayerScale, ResidualSpec.alpha_vector) always exist, so
+every init scheme sees the same state_dict keys; a scheme
 writes their values, and the model's ResidualSpec decides at construction whether they are
 trained and whether a layer's sublayers share one alpha (ReZero, rztx.py) or each branch has its
 own (SkipInit).
@@ -11,6 +12,7 @@ own (SkipInit).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -25,16 +27,63 @@ class Slots:
     branch_norm: bool  # norm on the branch output before the residual add (Sandwich-LN)
     post_norm: bool  # norm after the residual add (Post-LN)
     final_norm: bool  # norm after the last layer of each stack
+    # B2T: the layer input x is added into the last sublayer's post_norm, y = LN(x + h + FFN(h))
+    # (Takase et al., Findings of ACL 2023; takase/b2t_connection transformer_layer.py)
+    bottom_to_top: bool = False
+    # ResiDual: a second, unnormalized stream d_{k+1} = d_k + s F_k; the stack outputs
+    # alpha x_N + final_norm(d_N) (Xie et al. 2023; microsoft/ResiDual resi_dual.py)
+    dual: bool = False
 
 
 # As fairseq/models/transformer.py: Post-LN has no final norm; Pre-LN does (fairseq
 # normalize_before); sandwich is Pre-LN plus a norm on the branch output (CogView's Sandwich-LN).
+# b2t is Post-LN plus the bottom-to-top shortcut; resi_dual is Post-LN on x plus the dual stream,
+# whose final_norm is the LN(d_N) of the output.
 PLACEMENTS = {
     "post": Slots(pre_norm=False, branch_norm=False, post_norm=True, final_norm=False),
     "pre": Slots(pre_norm=True, branch_norm=False, post_norm=False, final_norm=True),
     "none": Slots(pre_norm=False, branch_norm=False, post_norm=False, final_norm=False),
     "sandwich": Slots(pre_norm=True, branch_norm=True, post_norm=False, final_norm=True),
+    "b2t": Slots(pre_norm=False, branch_norm=False, post_norm=True, final_norm=False,
+                 bottom_to_top=True),
+    "resi_dual": Slots(pre_norm=False, branch_norm=False, post_norm=True, final_norm=True,
+                       dual=True),
 }
+
+
+class DualStream:
+    """ResiDual's second stream inside one layer call: each sublayer adds s * F_k to `value`
+    (microsoft/ResiDual resi_dual_layers.py: res = res + x * res_input_norm_scale). Created per
+    layer call from the layer's tensor argument, so activation checkpointing recomputes the same
+    values (the layer stays a function of its tensor inputs), and a Sublayer still returns one
+    tensor (the analysis hooks read it)."""
+
+    def __init__(self, value: torch.Tensor, scale: float):
+        self.value, self.scale = value, scale
+
+    def add(self, branch: torch.Tensor) -> None:
+        self.value = self.value + branch * self.scale
+
+
+# eps of ResiDual's LN(d_N) (microsoft/ResiDual resi_dual.py: LayerNorm(embed_dim, eps=1e-7))
+RESI_DUAL_FINAL_EPS = 1e-7
+
+
+class ResiDualOutput(nn.Module):
+    """ResiDual's stack output alpha * x_N + LN(d_N), given LN(d_N) (Xie et al. 2023; microsoft/
+    ResiDual resi_dual.py: x = x * enc_alpha + self.layer_norm(res)). No parameters: LN(d_N) is
+    the stack's final_norm slot, so the state_dict keys are those of Pre-LN. A module so that
+    analysis hooks can read the stack output."""
+
+    def __init__(self, scale: float, alpha: float):
+        super().__init__()
+        self.scale, self.alpha = scale, alpha
+
+    def forward(self, x: torch.Tensor, normed_dual: torch.Tensor) -> torch.Tensor:
+        return x * self.alpha + normed_dual
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}, alpha={self.alpha}"
 
 
 @dataclass(frozen=True)
@@ -45,6 +94,9 @@ class ResidualSpec:
     omega_vector: bool = True  # False: one scalar per sublayer (Admin's scalar option)
     alpha_trainable: bool = False
     alpha_per_layer: bool = True  # one alpha shared by a layer's sublayers (rztx.py); False: per branch
+    # True: alpha is a d-vector, a per-channel branch scale (LayerScale's diag(lambda), Touvron
+    # et al. 2021, Eq. 2); the only spec that changes alpha's shape in the state_dict
+    alpha_vector: bool = False
 
 
 class Sublayer(nn.Module):
@@ -59,7 +111,8 @@ class Sublayer(nn.Module):
         self.post_norm = make_norm(norm_kind, dim, eps) if slots.post_norm else identity()
         self.omega = nn.Parameter(torch.ones(dim if residual.omega_vector else 1),
                                   requires_grad=residual.omega_trainable)
-        self.alpha = nn.Parameter(torch.ones(1), requires_grad=residual.alpha_trainable)
+        self.alpha = nn.Parameter(torch.ones(dim if residual.alpha_vector else 1),
+                                  requires_grad=residual.alpha_trainable)
 
     def _unit_residual(self, x: torch.Tensor) -> bool:
         """True when omega and alpha are frozen at one, so the residual is a plain add: two
@@ -71,8 +124,25 @@ class Sublayer(nn.Module):
                 and not self.alpha.requires_grad and bool((self.omega == 1).all())
                 and bool((self.alpha == 1).all()))
 
-    def forward(self, x: torch.Tensor, **branch_kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bottom: Optional[torch.Tensor] = None,
+                dual: Optional[DualStream] = None, **branch_kwargs) -> torch.Tensor:
         h = self.dropout(self.branch_norm(self.branch(self.pre_norm(x), **branch_kwargs)))
+        if bottom is not None or dual is not None:
+            return self._bottom_or_dual(x, h, bottom, dual)
         if self._unit_residual(x):
             return self.post_norm(x + h)  # bitwise equal to the general path with ones
         return self.post_norm(torch.addcmul(h * self.alpha, x, self.omega))
+
+    def _bottom_or_dual(self, x: torch.Tensor, h: torch.Tensor, bottom: Optional[torch.Tensor],
+                        dual: Optional[DualStream]) -> torch.Tensor:
+        """B2T: post_norm(omega * x + alpha * h + bottom), bottom the layer's input. ResiDual:
+        post_norm(omega * x + alpha * h), and the dual stream gains s * alpha * h (F_k is the
+        branch as it enters the residual add: after dropout and alpha)."""
+        unit = self._unit_residual(x)
+        branch = h if unit else h * self.alpha
+        total = x + branch if unit else torch.addcmul(branch, x, self.omega)
+        if bottom is not None:
+            total = total + bottom
+        if dual is not None:
+            dual.add(branch)
+        return self.post_norm(total)

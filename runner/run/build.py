@@ -157,7 +157,9 @@ def build_run(cfg: Config, initialize: bool = True,
     # on the CPU model (Admin profiles the first batch), before moving it
     model, report = fresh_model(cfg, data, collate(train, batches[0], pad, eos), initialize)
     model.to(device).select_kernels(device.type)
-    optimizer = build_optimizer(model.parameters(), cfg, device.type)
+    # the scheme's lr/eps multipliers per parameter group (Depth-muP), None = one group
+    optimizer = build_optimizer(model.parameters(), cfg, device.type,
+                                init_schemes.param_groups(model, cfg))
     forward: nn.Module = model
     if world > 1:
         forward = DistributedDataParallel(

@@ -20,6 +20,8 @@ CASES = {
     "rezero_ramp": (["norm=post"], "use norm=none", ["norm=none"]),
     "lipschitz": (["norm=post"], "use norm.embedding_norm=true", ["norm=pre"]),
     "ds_init": (None, None, ["norm=post", "init.ds_init_form=code"]),
+    "layerscale": (["norm=post"], "use norm=pre or norm=sandwich", ["norm=sandwich"]),
+    "depth_mup": (["norm=none"], "use norm=pre", ["norm=pre", "init.depth_mup_exponent=1.0"]),
 }
 BASE = ["trainer.max_updates=100000"]
 

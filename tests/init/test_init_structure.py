@@ -1,5 +1,5 @@
 """Every scheme keeps the model's structure and says what it sets: the same state_dict keys and
-shapes as the baseline, no parameter left unset, and a declared list of what each scheme changes
+shapes as the baseline (LayerScale's d-vector alpha the one declared exception), no parameter left unset, and a declared list of what each scheme changes
 relative to the default Xavier baseline."""
 from __future__ import annotations
 
@@ -35,7 +35,11 @@ CHANGES = {
     "ds_init": WEIGHTS,  # embeddings and the output matrix keep N(0, d^-1/2)
     "deepnorm": WEIGHTS | OMEGAS,
     "rezero": ALPHAS, "rezero_postln": ALPHAS, "skipinit": ALPHAS, "rezero_ramp": ALPHAS,
+    "layerscale": ALPHAS,  # lambda = eps(depth), a d-vector per branch
+    "depth_mup": ALPHAS,  # m^-a: 2 layers against the default base of 6 gives sqrt(3)
 }
+# The one declared shape change: LayerScale's alpha is a d-vector (ResidualSpec.alpha_vector).
+VECTOR_ALPHA = {"layerscale"}
 EXTRA = {"rezero_ramp": {"alpha_ramp_step": 0.01}}
 
 
@@ -72,7 +76,9 @@ def test_every_scheme_keeps_keys_and_shapes(norm):
     reference = shapes(initialized(make_cfg("xavier", norm=norm, dropout=0.1))[0])
     for scheme in ALL:
         model, _ = initialized(make_cfg(scheme, norm=norm, dropout=0.1, **EXTRA.get(scheme, {})))
-        assert shapes(model) == reference, scheme
+        expected = {k: (32,) if scheme in VECTOR_ALPHA and k.endswith(".alpha") else shape
+                    for k, shape in reference.items()}
+        assert shapes(model) == expected, scheme
 
 
 @pytest.mark.parametrize("scheme", ALL)
