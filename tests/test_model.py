@@ -72,7 +72,7 @@ def test_placement_table():
     for ref in pre.sublayers():
         assert isinstance(ref.module.pre_norm, torch.nn.LayerNorm)
         assert isinstance(ref.module.post_norm, torch.nn.Identity)
-    assert set(PLACEMENTS) == {"post", "pre", "none", "sandwich", "b2t", "resi_dual"}
+    assert set(PLACEMENTS) == {"post", "pre", "none", "sandwich", "b2t", "resi_dual", "mix", "peri"}
 
 
 def test_pre_ln_equals_the_formula():

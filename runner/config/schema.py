@@ -76,7 +76,7 @@ class NormConfig:
     """Norm placement (fairseq's normalize_before) and kind. The slot table per placement is in
     runner/model/sublayer.py."""
 
-    placement: str = "post"  # post | pre | none | sandwich | b2t | resi_dual
+    placement: str = "post"  # post | pre | none | sandwich | b2t | resi_dual | mix | peri
     # Per-stack placement, null = `placement` (Admin Table 1 mixes a Post-LN encoder with a
     # Pre-LN decoder: norm.decoder_placement=pre).
     encoder_placement: Optional[str] = None
@@ -102,6 +102,12 @@ class NormConfig:
     # placement=resi_dual: alpha in the output alpha x_N + LN(d_N) (microsoft/ResiDual
     # resi_dual.py enc_alpha / dec_alpha, default 1.0)
     resi_dual_alpha: float = 1.0
+    # placement=mix (Mix-LN, Li et al. 2024): Post-LN in the first floor(mix_ratio * L) layers of
+    # each stack (L its depth), Pre-LN in the rest; in [0, 1], 0.25 as the paper recommends
+    mix_ratio: float = 0.25
+    # LayerNorm Scaling (Sun et al. 2025, The Curse of Depth): every pre-norm output in layer l
+    # (1-based, per stack) is multiplied by 1/sqrt(l); with placement pre or mix only
+    layernorm_scaling: bool = False
 
 
 @dataclass
@@ -246,6 +252,10 @@ class TrainerConfig:
     resume: bool = True  # continue from checkpoint_last.pt / skip a finished run
     progress: Optional[bool] = None  # null: a live bar when the console is a terminal
     tensorboard: bool = True
+    # instability telemetry every N updates (runner/run/telemetry.py, docs/training.md
+    # "Telemetry"); 0 = off. On: per-layer max |x|, attention entropy and max logit, the fp16 loss
+    # scale, and the first non-finite value's update and sublayer in result.json
+    telemetry_interval: int = 0
     # evaluation (runner/run/evaluate.py, docs/evaluation.md). In-training decoding uses fairseq's
     # --eval-bleu settings (fairseq examples/translation/README.md:
     # beam 5, max_len_a 1.2, max_len_b 10).

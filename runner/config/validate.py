@@ -21,7 +21,7 @@ CHOICES = {
     "model.qkv_bias_init": ("zero", "torch_default"),
     "model.qk_norm": ("none", "layernorm", "rmsnorm", "l2"),
     "model.sigma_reparam_gamma_init": ("sigma", "one"),
-    "norm.placement": ("post", "pre", "none", "sandwich", "b2t", "resi_dual"),
+    "norm.placement": ("post", "pre", "none", "sandwich", "b2t", "resi_dual", "mix", "peri"),
     "norm.kind": ("layernorm", "rmsnorm", "dyt", "scalenorm"),
     "optim.name": ("adam", "radam", "sgd"),
     "optim.radam_mode": ("admin", "sgd_fallback", "torch"),
@@ -94,7 +94,8 @@ def validate(cfg: Any) -> None:
                 "warmup.init_lr", "trainer.max_epochs", "trainer.valid_interval",
                 "trainer.save_interval", "trainer.keep_checkpoints", "trainer.threads",
                 "warmup.updates", "trainer.valid_max_batches", "trainer.eval_max_len_b",
-                "trainer.eval_average_last", "trainer.eval_max_len_a", "trainer.eval_lenpen"):
+                "trainer.eval_average_last", "trainer.eval_max_len_a", "trainer.eval_lenpen",
+                "trainer.telemetry_interval"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)}: expected a value >= 0")
     if trainer.save_interval % trainer.log_interval:
@@ -129,6 +130,7 @@ def validate(cfg: Any) -> None:
     if cfg.norm.placement == "none" and (cfg.norm.final_norm or cfg.norm.embedding_norm):
         raise ConfigError("norm=none removes every norm: unset norm.final_norm / norm.embedding_norm")
     _check_new_norms(cfg)
+    _check_mix_and_layernorm_scaling(cfg)
     _check_qk_norm_and_sigma_reparam(cfg)
     if trainer.device == "cpu" and trainer.precision == "fp16":
         raise ConfigError("trainer.precision=fp16 needs CUDA: use trainer.precision=bf16 or fp32 on CPU")
@@ -148,6 +150,22 @@ def _check_new_norms(cfg: Any) -> None:
     if "resi_dual" in stacks and norm.final_norm is False:
         raise ConfigError("norm=resi_dual outputs alpha * x_N + LN(d_N) and needs its final norm: "
                           "unset norm.final_norm")
+
+
+def _check_mix_and_layernorm_scaling(cfg: Any) -> None:
+    """Mix-LN's ratio, and LayerNorm Scaling only where a branch input is a pre-norm output that
+    no later norm in the branch undoes (Pre-LN layers: norm=pre, or mix's Pre-LN layers)."""
+    norm = cfg.norm
+    if not 0.0 <= norm.mix_ratio <= 1.0:
+        raise ConfigError(f"norm.mix_ratio={norm.mix_ratio}: expected a value in [0, 1] (the "
+                          "fraction of each stack's layers that are Post-LN; the paper uses 0.25)")
+    if norm.layernorm_scaling:
+        stacks = {norm.encoder_placement or norm.placement, norm.decoder_placement or norm.placement}
+        other = sorted(stacks - {"pre", "mix"})
+        if other:
+            raise ConfigError(f"norm.layernorm_scaling=true scales Pre-LN outputs and is defined for "
+                              f"norm=pre or norm=mix on both stacks, not {other[0]}: use norm=pre "
+                              "or norm=mix, or unset norm.layernorm_scaling")
 
 
 def _check_qk_norm_and_sigma_reparam(cfg: Any) -> None:

@@ -160,6 +160,31 @@ class MultiheadAttention(nn.Module):
         return (torch.cat([p.weight for p in projections]),
                 torch.cat([p.bias for p in projections]))
 
+    def observed_logits(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None,
+                        attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                        packing: Optional[Packing] = None,
+                        memory_packing: Optional[Packing] = None
+                        ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """For observers only (runner/run/telemetry.py), never on the training path: the logits
+        q k^T * scale that `forward` with these arguments hands its kernel, recomputed from the
+        inputs, (B, H, Tq, Tk) in float32, and the bool mask of the keys each query may attend
+        (True = attend; attn_mask and is_causal combined, None = all), broadcastable to them.
+        q and k are projected separately (the fused matmul equals that up to rounding) and
+        QK-normed as in forward; packed inputs are unpacked to the padded layout."""
+        if packing is not None:
+            source, layout = (x, packing) if memory is None else (memory, memory_packing)
+            q, k = packing.unpack(self.q_proj(x)), layout.unpack(self.k_proj(source))
+        else:
+            q, k = self.q_proj(x), self.k_proj(x if memory is None else memory)
+        q, k = self._norm_q(self._split(q)), self._norm_k(self._split(k))
+        logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.scale
+        allowed = attn_mask
+        if is_causal:
+            tq, tk = logits.shape[-2:]
+            causal = torch.ones(tq, tk, dtype=torch.bool, device=logits.device).tril()
+            allowed = causal if allowed is None else allowed & causal
+        return logits, allowed
+
     # Training on the real tokens only.
 
     def _packed_forward(self, x: torch.Tensor, memory: Optional[torch.Tensor],

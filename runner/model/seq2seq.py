@@ -20,13 +20,14 @@ from runner.model.linear import SigmaReparamLinear, linear_variant
 from runner.model.norms import NORM_TYPES, DynamicTanh, make_norm
 from runner.model.packing import Packing
 from runner.model.sublayer import (
-    PLACEMENTS,
     RESI_DUAL_FINAL_EPS,
     DualStream,
     ResiDualOutput,
     ResidualSpec,
     Slots,
     Sublayer,
+    layer_slots,
+    stack_slots,
 )
 
 
@@ -123,14 +124,18 @@ class DecoderLayer(nn.Module):
 
 
 class Stack(nn.Module):
-    """Embedding -> optional embedding norm -> layers -> optional final norm."""
+    """Embedding -> optional embedding norm -> layers -> optional final norm. `slots` are the
+    stack-level slots (final_norm, embedding_norm, dual); `per_layer` the slots each layer was
+    built with (one placement per layer: Mix-LN's differ between layers)."""
 
     def __init__(self, embedder: Embedder, layers: list[nn.Module], dim: int, slots: Slots,
-                 norm: NormConfig, checkpointing: bool):
+                 norm: NormConfig, checkpointing: bool, per_layer: tuple[Slots, ...] = ()):
         super().__init__()
         self.embedder = embedder
-        self.embedding_norm = make_norm(norm.kind, dim, norm.eps) if norm.embedding_norm else nn.Identity()
+        embedding_norm = norm.embedding_norm or slots.embedding_norm  # Peri-LN's is a slot
+        self.embedding_norm = make_norm(norm.kind, dim, norm.eps) if embedding_norm else nn.Identity()
         self.layers = nn.ModuleList(layers)
+        self.layer_slots = tuple(per_layer) or (slots,) * len(layers)
         final = slots.final_norm if norm.final_norm is None else norm.final_norm
         # ResiDual's LN(d_N) has eps 1e-7 (microsoft/ResiDual resi_dual.py: LayerNorm(..., eps=1e-7))
         final_eps = RESI_DUAL_FINAL_EPS if slots.dual else norm.eps
@@ -162,8 +167,9 @@ class Seq2Seq(nn.Module):
                  pad_index: int, residual: ResidualSpec):
         super().__init__()
         self.cfg, self.norm_cfg, self.pad_index = cfg, norm, pad_index
-        enc_slots = PLACEMENTS[norm.encoder_placement or norm.placement]
-        dec_slots = PLACEMENTS[norm.decoder_placement or norm.placement]
+        enc_layers, dec_layers = cfg.num_encoder_layers, cfg.num_decoder_layers
+        enc_slots = tuple(layer_slots(norm, "encoder", i, enc_layers) for i in range(enc_layers))
+        dec_slots = tuple(layer_slots(norm, "decoder", i, dec_layers) for i in range(dec_layers))
 
         def sublayer_factory(slots: Slots):
             def make_sublayer(branch: nn.Module) -> Sublayer:
@@ -179,16 +185,14 @@ class Seq2Seq(nn.Module):
             tgt_embed = nn.Embedding(tgt_vocab, cfg.dim, padding_idx=pad_index)
         self.encoder = Stack(
             Embedder(src_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm),
-            [EncoderLayer(cfg, sublayer_factory(enc_slots), residual, enc_slots,
-                          norm.resi_dual_scale)
-             for _ in range(cfg.num_encoder_layers)],
-            cfg.dim, enc_slots, norm, cfg.activation_checkpointing)
+            [EncoderLayer(cfg, sublayer_factory(slots), residual, slots, norm.resi_dual_scale)
+             for slots in enc_slots],
+            cfg.dim, stack_slots(norm, "encoder"), norm, cfg.activation_checkpointing, enc_slots)
         self.decoder = Stack(
             Embedder(tgt_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm),
-            [DecoderLayer(cfg, sublayer_factory(dec_slots), residual, dec_slots,
-                          norm.resi_dual_scale)
-             for _ in range(cfg.num_decoder_layers)],
-            cfg.dim, dec_slots, norm, cfg.activation_checkpointing)
+            [DecoderLayer(cfg, sublayer_factory(slots), residual, slots, norm.resi_dual_scale)
+             for slots in dec_slots],
+            cfg.dim, stack_slots(norm, "decoder"), norm, cfg.activation_checkpointing, dec_slots)
         # Output projection: tied to the decoder embedding unless share_embeddings=none.
         self.output_weight = (nn.Parameter(torch.empty(tgt_vocab, cfg.dim))
                               if cfg.share_embeddings == "none" else None)

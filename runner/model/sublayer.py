@@ -1,6 +1,9 @@
 """One residual branch with fixed norm slots, filled once from the placement table.
 
-    out = post_norm( omega * x + alpha * Dropout(branch_norm(branch(pre_norm(x)))) )
+    out = post_norm( omega * x + alpha * Dropout(branch_norm(branch(c * pre_norm(x)))) )
+
+c is 1 except under LayerNorm Scaling (Slots.pre_norm_scale). Which slots a layer has comes from
+`layer_slots`: a placement's PLACEMENTS entry, or its per-layer schedule (SCHEDULES: Mix-LN).
 
 omega (a d-vector, the shortcut scale of Admin/DeepNorm) and alpha (the branch scale of
 ReZero/SkipInit, a scalar; a d-vector for LayerScale, ResidualSpec.alpha_vector) always exist, so
@@ -11,12 +14,14 @@ own (SkipInit).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
+from runner.config import NormConfig
 from runner.model.dropout import Dropout
 from runner.model.norms import make_norm
 
@@ -33,12 +38,20 @@ class Slots:
     # ResiDual: a second, unnormalized stream d_{k+1} = d_k + s F_k; the stack outputs
     # alpha x_N + final_norm(d_N) (Xie et al. 2023; microsoft/ResiDual resi_dual.py)
     dual: bool = False
+    # Peri-LN: a norm on the embedding output, before the first layer (a stack-level slot, as
+    # final_norm; Kim et al., ICML 2025)
+    embedding_norm: bool = False
+    # LayerNorm Scaling: pre_norm's output is multiplied by this, 1/sqrt(l) in layer l (1-based)
+    # of its stack (Sun et al. 2025); 1.0 = no multiplication (every placement's default)
+    pre_norm_scale: float = 1.0
 
 
 # As fairseq/models/transformer.py: Post-LN has no final norm; Pre-LN does (fairseq
 # normalize_before); sandwich is Pre-LN plus a norm on the branch output (CogView's Sandwich-LN).
 # b2t is Post-LN plus the bottom-to-top shortcut; resi_dual is Post-LN on x plus the dual stream,
-# whose final_norm is the LN(d_N) of the output.
+# whose final_norm is the LN(d_N) of the output. peri is sandwich plus a norm on the embedding
+# output (Peri-LN). mix's entry holds its stack-level slots (Pre-LN's: a final norm, since its
+# last layers are Pre-LN); its layers' slots come from its schedule in SCHEDULES.
 PLACEMENTS = {
     "post": Slots(pre_norm=False, branch_norm=False, post_norm=True, final_norm=False),
     "pre": Slots(pre_norm=True, branch_norm=False, post_norm=False, final_norm=True),
@@ -48,7 +61,51 @@ PLACEMENTS = {
                  bottom_to_top=True),
     "resi_dual": Slots(pre_norm=False, branch_norm=False, post_norm=True, final_norm=True,
                        dual=True),
+    "peri": Slots(pre_norm=True, branch_norm=True, post_norm=False, final_norm=True,
+                  embedding_norm=True),
+    "mix": Slots(pre_norm=True, branch_norm=False, post_norm=False, final_norm=True),
 }
+
+
+def mix_post_layers(mix_ratio: float, num_layers: int) -> int:
+    """Mix-LN's count of Post-LN layers, floor(mix_ratio * L) (Li et al. 2024; the
+    reference's POST_NUM first layers). Rounded to 9 decimals first so that a ratio written in
+    decimal floors as written (0.29 * 100 is 28.999999999999996 in binary)."""
+    return math.floor(round(mix_ratio * num_layers, 9))
+
+
+def mix_schedule(norm: NormConfig, layer_index: int, num_layers: int) -> Slots:
+    """Mix-LN: Post-LN slots in layers 0 .. floor(mix_ratio * L) - 1, Pre-LN slots in the rest."""
+    post = layer_index < mix_post_layers(norm.mix_ratio, num_layers)
+    return PLACEMENTS["post" if post else "pre"]
+
+
+# Per-layer placement schedules: (norm config, 0-based layer index, layers in the stack) -> that
+# layer's slots. A placement without a schedule gives every layer its PLACEMENTS entry; with one,
+# its PLACEMENTS entry still gives the stack-level slots (final_norm, embedding_norm, dual).
+SCHEDULES: dict[str, Callable[[NormConfig, int, int], Slots]] = {"mix": mix_schedule}
+
+
+def stack_placement(norm: NormConfig, side: str) -> str:
+    """The placement of one stack (encoder | decoder): its per-stack override or `placement`."""
+    return getattr(norm, f"{side}_placement") or norm.placement
+
+
+def stack_slots(norm: NormConfig, side: str) -> Slots:
+    """The stack-level slots (final_norm, embedding_norm, dual) of one stack."""
+    return PLACEMENTS[stack_placement(norm, side)]
+
+
+def layer_slots(norm: NormConfig, side: str, layer_index: int, num_layers: int) -> Slots:
+    """The slots of layer `layer_index` (0-based) of a stack of `num_layers`: its placement's
+    schedule when it has one, its PLACEMENTS entry otherwise; with norm.layernorm_scaling, a
+    layer with a pre_norm gets pre_norm_scale = 1/sqrt(layer_index + 1) (LayerNorm Scaling)."""
+    name = stack_placement(norm, side)
+    schedule = SCHEDULES.get(name)
+    slots = PLACEMENTS[name] if schedule is None else schedule(norm, layer_index, num_layers)
+    if norm.layernorm_scaling and slots.pre_norm:
+        slots = replace(slots, pre_norm_scale=1.0 / math.sqrt(layer_index + 1))
+    return slots
 
 
 class DualStream:
@@ -105,6 +162,7 @@ class Sublayer(nn.Module):
         super().__init__()
         identity = nn.Identity
         self.pre_norm = make_norm(norm_kind, dim, eps) if slots.pre_norm else identity()
+        self.pre_norm_scale = slots.pre_norm_scale  # a float, not a parameter: no state_dict key
         self.branch = branch
         self.branch_norm = make_norm(norm_kind, dim, eps) if slots.branch_norm else identity()
         self.dropout = Dropout(dropout)
@@ -126,7 +184,10 @@ class Sublayer(nn.Module):
 
     def forward(self, x: torch.Tensor, bottom: Optional[torch.Tensor] = None,
                 dual: Optional[DualStream] = None, **branch_kwargs) -> torch.Tensor:
-        h = self.dropout(self.branch_norm(self.branch(self.pre_norm(x), **branch_kwargs)))
+        z = self.pre_norm(x)
+        if self.pre_norm_scale != 1.0:  # LayerNorm Scaling; skipped otherwise, so bit-identical
+            z = z * self.pre_norm_scale
+        h = self.dropout(self.branch_norm(self.branch(z, **branch_kwargs)))
         if bottom is not None or dual is not None:
             return self._bottom_or_dual(x, h, bottom, dual)
         if self._unit_residual(x):

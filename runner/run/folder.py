@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -169,6 +169,26 @@ def is_finished(run_dir: Path) -> Optional[dict]:
 
 
 # ----------------------------------------------------------------------------- metrics
+def scalars(record: dict) -> Iterator[tuple[str, float]]:
+    """A record's TensorBoard scalars: "split/key" for numbers; for lists (telemetry's per-layer
+    values, aligned with record["sublayers"] when it has them) "split/key/name" per item and
+    "split/key/name/hJ" per item of a nested list (per head); None items are skipped."""
+    split, names = record["split"], record.get("sublayers")
+    for key, value in record.items():
+        if key in ("split", "step", "epoch", "sublayers"):
+            continue
+        if isinstance(value, (int, float)):
+            yield f"{split}/{key}", value
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                label = names[i] if names is not None and len(names) == len(value) else str(i)
+                if isinstance(item, (int, float)):
+                    yield f"{split}/{key}/{label}", item
+                elif isinstance(item, list):
+                    for j, sub in enumerate(item):
+                        yield f"{split}/{key}/{label}/h{j}", sub
+
+
 class MetricsLog:
     """metrics.jsonl (one JSON record per line, flushed) and, optionally, TensorBoard scalars.
 
@@ -192,10 +212,8 @@ class MetricsLog:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         if self.writer is not None:
-            split = record["split"]
-            for key, value in record.items():
-                if key not in ("split", "step", "epoch") and isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"{split}/{key}", value, record["step"])
+            for tag, value in scalars(record):
+                self.writer.add_scalar(tag, value, record["step"])
             self.writer.flush()
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from runner.console import console, log, summary_table
 from runner.run import folder
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import final_scores, split_bleu
+from runner.run.telemetry import Telemetry
 from runner.train.loop import Callback, Outcome, Trainer
 
 
@@ -114,6 +115,11 @@ def train(cfg, run_dir: Path) -> dict:
         callbacks.append(ValidBleu(parts))
     if main:
         callbacks.append(CheckpointCallback(run_dir, cfg.trainer.keep_checkpoints))
+    telemetry = None
+    if cfg.trainer.telemetry_interval > 0:
+        telemetry = Telemetry(parts.model, cfg.trainer.telemetry_interval, parts.pad,
+                              fp16=parts.precision == "fp16")
+        callbacks.append(telemetry)
     trainer = Trainer(parts, callbacks)
     if resume:
         trainer.load_state_dict(folder.load_checkpoint(last, map_location=parts.device))
@@ -143,6 +149,9 @@ def train(cfg, run_dir: Path) -> dict:
             metrics.close()
     result = result_record(parts, trainer, outcome, resume)
     result["world_size"] = parts.world
+    if telemetry is not None:  # where the first nan/inf appeared (docs/training.md "Telemetry")
+        result["first_nonfinite"] = telemetry.first_nonfinite()
+        telemetry.remove()
     if main and cfg.trainer.final_bleu and result["status"] == "ok":
         try:
             result.update(final_scores(cfg, run_dir, parts.device))

@@ -154,6 +154,11 @@ class Trainer:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
 
+    def emit_record(self, record: dict) -> None:
+        """A record made by a callback (e.g. telemetry) to every callback's on_record, as the
+        loop's own records go (metrics.jsonl, TensorBoard)."""
+        self._callbacks("on_record", record)
+
     def autocast(self):
         if self.amp_dtype is None:
             return nullcontext()
