@@ -199,9 +199,24 @@ def arm_rows(cells: Sequence[SuiteCell]) -> list[list[str]]:
 
 
 def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
+    """Each claim judged on the records; a claim whose arms still miss planned cells gets the
+    verdict "incomplete" (what the finished cells show so far stays in `measured`), so a partial
+    suite never reads as a result."""
     claims = ((load_preset(preset).get("sweep") or {}).get("claims")) or []
     records = evidence_records(cells)
-    return [judge(claim_from_dict(c), records) for c in claims]
+    out = []
+    for raw in claims:
+        claim = claim_from_dict(raw)
+        verdict = judge(claim, records)
+        selected = [c for c in cells
+                    if any(all(c.arm.get(k) == v for k, v in sel.items()) for sel in (claim.a, claim.b) if sel)]
+        done = sum(c.record is not None for c in selected)
+        if done < len(selected):
+            verdict = Verdict(claim, "incomplete",
+                              f"{done} of {len(selected)} cells trained; so far: {verdict.measured}",
+                              {**verdict.details, "provisional_verdict": verdict.verdict})
+        out.append(verdict)
+    return out
 
 
 def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> str:
@@ -220,7 +235,9 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> 
                              "best valid loss", "slope", "CPU min"], arm_rows(cells)), "",
              "slope: change of the validation loss per 1,000 updates over each run's last 400 "
              "updates (mean over the arm's ok seeds); near 0 when the curve has flattened.", "",
-             "## Claims (rules written in the preset before the run)", ""]
+             "## Claims (rules written in the preset before the run)", "",
+             "A verdict is final once every cell of the arms it compares has a record; until then "
+             "it reads \"incomplete\".", ""]
     rows = [[v.claim.id, v.claim.text, v.measured, f"**{v.verdict}**"] for v in verdicts(preset, cells)]
     lines += [markdown_table(["claim", "paper", "measured", "verdict"], rows) if rows else "(none)", ""]
     return "\n".join(lines)

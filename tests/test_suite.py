@@ -18,6 +18,18 @@ SHRINK = ["data=toy", "data.toy.train_size=300", "data.toy.valid_size=30", "data
           "warmup.updates=5,0", "trainer.seed=1,2"]
 
 
+def test_a_partial_suite_reads_incomplete():
+    cells = suite.plan("reproduce_table2_real")
+    record = {"status": "ok", "bleu": 10.0, "sacrebleu": 9.0, "best_valid_loss": 4.0}
+    for cell in cells:
+        if cell.arm == {"method": "post_ln", "warmup.updates": "500"} and cell.seed == 1:
+            cell.record = record
+    by_id = {v.claim.id: v for v in suite.verdicts("reproduce_table2_real", cells)}
+    assert by_id["post_ln_deep_fails_with_warmup"].verdict == "incomplete"
+    assert by_id["post_ln_deep_fails_with_warmup"].measured.startswith("1 of 3 cells trained; so far:")
+    assert by_id["pre_ln_no_warmup_trains"].verdict == "incomplete"  # 0 of 3
+
+
 def test_curve_slope():
     assert suite.curve_slope([(200, 5.0), (400, 4.0), (600, 3.8), (800, 3.7)]) == pytest.approx(-0.75)
     assert suite.curve_slope([(200, 5.0)]) is None
@@ -42,6 +54,8 @@ def test_real_tier_records_reuse_and_report(tmp_path):
             assert r["bleu"] is not None and r["best_valid_loss"] is not None
     report = (tmp_path / "results" / "table2" / "real" / "report.md").read_text()
     assert "method=pre_ln warmup.updates=0" in report and "post_ln_no_warmup_fails" in report
+    # claims on arms this shrunken plan trains get a verdict; those on arms it lacks are "not run"
+    assert "**not run**" in report and "**incomplete**" not in report
     assert (tmp_path / "results" / "table2" / "real" / "curves.png").stat().st_size > 0
     # a second call trains nothing: every cell has its record
     second = run_cli(args, cwd=REPO, timeout=300, env=env)
