@@ -8,59 +8,16 @@ import math
 
 import pytest
 import torch
-from conftest import TINY, compose
+from conftest import compose
+from method_helpers import SMALL, assert_grad_norms_finite, assert_trains, ln, model_for, one_thread, randomize_norms  # noqa: F401
 from torch.nn import functional as F
 
-from runner import init as init_schemes
-from runner.analysis import common, grad_norms
 from runner.config import ConfigError
-from runner.data.batching import collate, make_batches
-from runner.data.toy import build
 from runner.model.norms import DynamicTanh, ScaleNorm
 from runner.model.sublayer import PLACEMENTS
 from runner.run.build import check_config
-from runner.run.build import model_for as build_model
-from runner.run.train import train
 
-SMALL = ["model=ci", "model.dropout=0.0", "data.toy.train_size=200", "data.toy.valid_size=20",
-         "data.toy.test_size=20"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def model_for(overrides, seed=0):
-    cfg = compose([*SMALL, *overrides])
-    check_config(cfg)
-    data = build(cfg.data)
-    split = data.splits["train"]
-    batch = collate(split, make_batches(split, 256, seed=0)[0], data.tgt_dict.pad_index,
-                    data.tgt_dict.eos_index)
-    torch.manual_seed(seed)
-    model = build_model(cfg, len(data.src_dict), len(data.tgt_dict), data.tgt_dict.pad_index)
-    init_schemes.apply(model, cfg, batch)
-    model.eval()
-    return cfg, model, batch
-
-
-@torch.no_grad()
-def randomize_norms(model, gen):
-    """Non-trivial affine parameters, so the tests see which norm is applied where."""
-    for _, norm in model.norms():
-        for p in norm.parameters():
-            p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-
-
-def ln(norm, x):
-    """LayerNorm from its definition: (x - mean) / sqrt(var + eps) * weight + bias."""
-    mean = x.mean(-1, keepdim=True)
-    var = x.var(-1, unbiased=False, keepdim=True)
-    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----- B2T connection -----
@@ -327,18 +284,10 @@ SMOKE = {
 
 @pytest.mark.parametrize("method", sorted(SMOKE))
 def test_training_smoke(method, tmp_path):
-    result = train(compose([*TINY, "trainer.progress=false", *SMOKE[method]]), tmp_path)
-    assert result["status"] == "ok"
-    assert math.isfinite(result["train_loss"]) and math.isfinite(result["valid_loss"])
+    assert_trains(SMOKE[method], tmp_path)
 
 
 def test_grad_norms_accepts_the_new_norms():
     configs = ["norm=b2t", "norm=resi_dual", "norm=pre norm.kind=dyt",
                "norm=post norm.kind=scalenorm model.fixnorm=true"]
-    settings = common.settings_from(configs, ["model=ci"], [], compose)
-    result = grad_norms.run(settings, depth=2, seeds=[1], sentences=8)
-    for entry in result["settings"]:
-        for side, count in (("encoder", 2 * 2), ("decoder", 2 * 3)):
-            rows = entry[side]
-            assert len(rows) == count
-            assert all(math.isfinite(r["relative"]) and r["relative"] > 0 for r in rows)
+    assert_grad_norms_finite(configs, depth=2)
