@@ -570,6 +570,12 @@ TARGETS: dict[str, Target] = {
     "schemes-other": Target(
         "schemes-other", "All schemes, deep, no warmup: schemes without a Post-LN stack",
         {"real": (Part("reproduce_schemes_other_real"),)}, None),
+    "schemes-norms": Target(
+        "schemes-norms", "Methods since 2019, deep, no warmup: B2T, ResiDual, DyT, ScaleNorm+FixNorm, Mix-LN, Peri-LN",
+        {"real": (Part("reproduce_schemes_norms_real"),)}, None),
+    "schemes-scaling": Target(
+        "schemes-scaling", "Methods since 2019, deep, no warmup: QK-norm, sigma-reparam, LayerScale, depth-muP",
+        {"real": (Part("reproduce_schemes_scaling_real"),)}, None),
 }
 
 
