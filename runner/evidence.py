@@ -47,6 +47,14 @@ Decision rules (`judge`)
           contains 0. With fewer than 2 pairs: inconclusive.
        Measured: the mean difference with its CI and the number of paired seeds.
 
+    "same_best" (a setting tuned at one value of `across` is best at every other; e.g. the
+       learning rate over depths for depth-muP): among A's "ok" cells, the mean metric over seeds
+       per (`across`, `over`) value; the best `over` value per `across` value (a setting with no
+       ok seed cannot be best). Reproduced when every `across` value has the same best setting;
+       inconclusive when they differ by one step of the `over` grid (numeric order); not
+       reproduced when they differ by more. Fewer than two `across` values with a best:
+       inconclusive.
+
 Selector values read from YAML are compared as strings (`claim_from_dict` turns 6 into "6" and
 true into "true"), as arm axes are recorded as strings.
 """
@@ -60,7 +68,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 STATUSES = ("ok", "diverged", "stalled", "failed")
-KINDS = ("better", "diverges", "trains", "more_diverged")
+KINDS = ("better", "diverges", "trains", "more_diverged", "same_best")
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
 
 # Fixed for every verdict: changing them after the runs would be choosing the answer.
@@ -191,8 +199,10 @@ class Claim:
     kind: str  # "better" | "diverges" | "trains" | "more_diverged"
     a: dict[str, str]  # selector of arm A (subset match on Record.arm)
     b: dict[str, str] | None = None  # selector of arm B ("better", "more_diverged")
-    metric: str = "bleu"  # "better": the metric compared
+    metric: str = "bleu"  # "better", "same_best": the metric compared
     higher_is_better: bool = True
+    over: str | None = None  # "same_best": the setting whose best value is compared (e.g. optim.lr)
+    across: str | None = None  # "same_best": the axis it must transfer across (e.g. model.layers)
 
 
 @dataclass(frozen=True)
@@ -218,7 +228,7 @@ def _selector(d: Any, what: str) -> dict[str, str]:
     return {str(k): _selector_value(v) for k, v in d.items()}
 
 
-_CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better")
+_CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better", "over", "across")
 
 
 def claim_from_dict(d: Mapping) -> Claim:
@@ -239,12 +249,16 @@ def claim_from_dict(d: Mapping) -> Claim:
     b = d.get("b")
     if kind in ("better", "more_diverged") and b is None:
         raise ValueError(f"claim {d['id']!r}: kind {kind!r} needs a selector b")
+    if kind == "same_best" and not (d.get("over") and d.get("across")):
+        raise ValueError(f"claim {d['id']!r}: kind 'same_best' needs `over` and `across` axes")
     higher = d.get("higher_is_better", True)
     if not isinstance(higher, bool):
         raise ValueError(f"claim {d['id']!r}: higher_is_better must be true or false, got {higher!r}")
     return Claim(id=str(d["id"]), text=str(d["text"]), kind=kind, a=_selector(d["a"], "a"),
                  b=None if b is None else _selector(b, "b"), metric=str(d.get("metric", "bleu")),
-                 higher_is_better=higher)
+                 higher_is_better=higher,
+                 over=None if d.get("over") is None else str(d["over"]),
+                 across=None if d.get("across") is None else str(d["across"]))
 
 
 # --------------------------------------------------------------------------- judging
@@ -386,6 +400,36 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Ver
     return Verdict(claim, verdict, measured, details)
 
 
+def _grid_key(value: str) -> tuple:
+    try:
+        return (0, float(value), value)
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
+    means: dict[str, dict[str, list[float]]] = {}
+    grid = sorted({r.arm.get(claim.over, "") for r in a}, key=_grid_key)
+    for r in a:
+        value = r.metrics.get(claim.metric)
+        if r.status == "ok" and value is not None and math.isfinite(value):
+            means.setdefault(r.arm.get(claim.across, ""), {}).setdefault(r.arm.get(claim.over, ""), []).append(value)
+    best: dict[str, str] = {}
+    for across, by_setting in sorted(means.items(), key=lambda kv: _grid_key(kv[0])):
+        averaged = {k: sum(v) / len(v) for k, v in by_setting.items()}
+        pick = max if claim.higher_is_better else min
+        best[across] = pick(averaged, key=averaged.get)
+    measured = (f"best {claim.over} by {claim.across}: "
+                + ", ".join(f"{k} -> {v}" for k, v in best.items()) + f" ({claim.metric}, mean over ok seeds)")
+    details = {"best": best, "grid": grid}
+    if len(best) < 2:
+        return Verdict(claim, "inconclusive", measured, details)
+    positions = [grid.index(v) for v in best.values()]
+    spread = max(positions) - min(positions)
+    verdict = "reproduced" if spread == 0 else "inconclusive" if spread == 1 else "not reproduced"
+    return Verdict(claim, verdict, measured, {**details, "spread_steps": spread})
+
+
 def judge(claim: Claim, records: Sequence[Record]) -> Verdict:
     """The verdict on `claim` from `records`, by the pre-registered rules in this module's docstring."""
     if claim.kind not in KINDS:
@@ -407,6 +451,8 @@ def judge(claim: Claim, records: Sequence[Record]) -> Verdict:
     if not a or (two_arms and not b):
         return Verdict(claim, "not run", f"no run of {' and '.join(empty)} (none, or only crashed ones)",
                        {"a_n": len(a), "b_n": len(b)} if two_arms else {"n": 0})
+    if claim.kind == "same_best":
+        return _judge_same_best(claim, a)
     if claim.kind == "diverges":
         return _judge_diverges(claim, a)
     if claim.kind == "trains":

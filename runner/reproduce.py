@@ -576,6 +576,9 @@ TARGETS: dict[str, Target] = {
     "schemes-scaling": Target(
         "schemes-scaling", "Methods since 2019, deep, no warmup: QK-norm, sigma-reparam, LayerScale, depth-muP",
         {"real": (Part("reproduce_schemes_scaling_real"),)}, None),
+    "mup-transfer": Target(
+        "mup-transfer", "Depth-muP: does the best learning rate transfer from 6 to 12 layers?",
+        {"real": (Part("reproduce_mup_transfer_real"),)}, None),
 }
 
 

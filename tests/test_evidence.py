@@ -306,3 +306,43 @@ def test_judge_rejects_overlapping_selectors_and_ambiguous_pairs():
     twice = _recs(ADMIN, ["ok", "ok"], [1.0, 2.0], seeds=[0, 0]) + _recs(PRELN, ["ok"], [1.0])
     with pytest.raises(ValueError, match="ambiguous"):
         judge(BETTER, twice)
+
+
+def _lr_record(layers: str, lr: str, seed: int, loss: float, status: str = "ok") -> Record:
+    return Record(arm={"init": "depth_mup", "model.layers": layers, "optim.lr": lr}, seed=seed,
+                  status=status, metrics={"best_valid_loss": loss})
+
+
+SAME_BEST = {"id": "lr_transfers", "text": "t", "kind": "same_best", "a": {"init": "depth_mup"},
+             "metric": "best_valid_loss", "higher_is_better": False, "over": "optim.lr",
+             "across": "model.layers"}
+
+
+def test_same_best_reproduced_when_the_best_lr_is_the_same_at_every_depth():
+    losses = {("6", "1e-3"): 3.0, ("6", "3e-3"): 2.5, ("6", "1e-2"): 2.8,
+              ("12", "1e-3"): 2.9, ("12", "3e-3"): 2.4, ("12", "1e-2"): 2.6}
+    records = [_lr_record(d, lr, s, v + 0.01 * s) for (d, lr), v in losses.items() for s in (1, 2)]
+    verdict = judge(claim_from_dict(SAME_BEST), records)
+    assert verdict.verdict == "reproduced"
+    assert verdict.details["best"] == {"6": "3e-3", "12": "3e-3"}
+
+
+def test_same_best_one_step_apart_is_inconclusive_and_two_steps_not_reproduced():
+    grid = ["1e-3", "3e-3", "1e-2"]
+    def records(best12):
+        out = []
+        for d, best in (("6", "1e-3"), ("12", best12)):
+            out += [_lr_record(d, lr, 1, 1.0 if lr == best else 2.0) for lr in grid]
+        return out
+    assert judge(claim_from_dict(SAME_BEST), records("3e-3")).verdict == "inconclusive"
+    assert judge(claim_from_dict(SAME_BEST), records("1e-2")).verdict == "not reproduced"
+
+
+def test_same_best_ignores_failed_settings_and_needs_over_and_across():
+    records = [_lr_record("6", "1e-3", 1, 2.0), _lr_record("6", "1e-2", 1, 1.0, "diverged"),
+               _lr_record("12", "1e-3", 1, 2.0), _lr_record("12", "1e-2", 1, 1.5)]
+    verdict = judge(claim_from_dict(SAME_BEST), records)
+    assert verdict.details["best"] == {"6": "1e-3", "12": "1e-2"}  # the diverged 1e-2 cannot be best at 6
+    assert verdict.verdict == "inconclusive"  # one grid step apart
+    with pytest.raises(ValueError, match="needs `over` and `across`"):
+        claim_from_dict({k: v for k, v in SAME_BEST.items() if k != "over"})
