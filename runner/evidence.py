@@ -30,6 +30,10 @@ Decision rules (`judge`)
     "trains" (A trains, i.e. neither diverges nor stalls): reproduced when no cell of A diverged or
        stalled; not reproduced when every cell did; inconclusive otherwise.
 
+    "fails_to_train" (A fails: every cell diverged or stalled; the complement of "trains", for a
+       paper whose "failed" does not say whether the loss blew up or plateaued): reproduced when
+       every cell of A diverged or stalled; not reproduced when none did; inconclusive otherwise.
+
     "more_diverged" (A diverges in more of its cells than B; for grids where A and B each select
        many cells): cells are paired by the arm axes other than those named in either selector,
        plus the seed. wins = pairs where A diverged and B did not, losses = the reverse;
@@ -55,6 +59,10 @@ Decision rules (`judge`)
        reproduced when they differ by more. Fewer than two `across` values with a best:
        inconclusive.
 
+A claim may carry `added`: when and why it was written if not before every run of its arms (e.g. a
+second reading of a paper's "failed" after a first seed showed a plateau rather than a blow-up).
+Reports print it beside the verdict, and such a claim never replaces the one it complements.
+
 Selector values read from YAML are compared as strings (`claim_from_dict` turns 6 into "6" and
 true into "true"), as arm axes are recorded as strings.
 """
@@ -68,7 +76,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 STATUSES = ("ok", "diverged", "stalled", "failed")
-KINDS = ("better", "diverges", "trains", "more_diverged", "same_best")
+KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "same_best")
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
 
 # Fixed for every verdict: changing them after the runs would be choosing the answer.
@@ -196,13 +204,14 @@ class Claim:
 
     id: str
     text: str  # the paper's claim in words, with its source (table/figure)
-    kind: str  # "better" | "diverges" | "trains" | "more_diverged"
+    kind: str  # one of KINDS
     a: dict[str, str]  # selector of arm A (subset match on Record.arm)
     b: dict[str, str] | None = None  # selector of arm B ("better", "more_diverged")
     metric: str = "bleu"  # "better", "same_best": the metric compared
     higher_is_better: bool = True
     over: str | None = None  # "same_best": the setting whose best value is compared (e.g. optim.lr)
     across: str | None = None  # "same_best": the axis it must transfer across (e.g. model.layers)
+    added: str | None = None  # when and why, for a claim not written before every run of its arms
 
 
 @dataclass(frozen=True)
@@ -228,7 +237,8 @@ def _selector(d: Any, what: str) -> dict[str, str]:
     return {str(k): _selector_value(v) for k, v in d.items()}
 
 
-_CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better", "over", "across")
+_CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better", "over", "across",
+               "added")
 
 
 def claim_from_dict(d: Mapping) -> Claim:
@@ -258,7 +268,8 @@ def claim_from_dict(d: Mapping) -> Claim:
                  b=None if b is None else _selector(b, "b"), metric=str(d.get("metric", "bleu")),
                  higher_is_better=higher,
                  over=None if d.get("over") is None else str(d["over"]),
-                 across=None if d.get("across") is None else str(d["across"]))
+                 across=None if d.get("across") is None else str(d["across"]),
+                 added=None if d.get("added") is None else str(d["added"]))
 
 
 # --------------------------------------------------------------------------- judging
@@ -334,6 +345,17 @@ def _judge_trains(claim: Claim, a: Sequence[Record]) -> Verdict:
     measured = (f"{n - bad} of {n} {_unit(a)} trained ({_label(claim.a)}; "
                 f"{diverged} diverged, {stalled} stalled)")
     return Verdict(claim, verdict, measured, {"n": n, "trained": n - bad, "diverged": diverged, "stalled": stalled})
+
+
+def _judge_fails_to_train(claim: Claim, a: Sequence[Record]) -> Verdict:
+    n = len(a)
+    diverged = sum(r.status == "diverged" for r in a)
+    stalled = sum(r.status == "stalled" for r in a)
+    bad = diverged + stalled
+    verdict = "reproduced" if bad == n else "not reproduced" if bad == 0 else "inconclusive"
+    measured = (f"{bad} of {n} {_unit(a)} failed to train ({_label(claim.a)}; "
+                f"{diverged} diverged, {stalled} stalled)")
+    return Verdict(claim, verdict, measured, {"n": n, "failed": bad, "diverged": diverged, "stalled": stalled})
 
 
 def _judge_more_diverged(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Verdict:
@@ -457,6 +479,8 @@ def judge(claim: Claim, records: Sequence[Record]) -> Verdict:
         return _judge_diverges(claim, a)
     if claim.kind == "trains":
         return _judge_trains(claim, a)
+    if claim.kind == "fails_to_train":
+        return _judge_fails_to_train(claim, a)
     if claim.kind == "more_diverged":
         return _judge_more_diverged(claim, a, b)
     return _judge_better(claim, a, b)

@@ -237,9 +237,16 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> 
              "updates (mean over the arm's ok seeds); near 0 when the curve has flattened.", "",
              "## Claims (rules written in the preset before the run)", "",
              "A verdict is final once every cell of the arms it compares has a record; until then "
-             "it reads \"incomplete\".", ""]
-    rows = [[v.claim.id, v.claim.text, v.measured, f"**{v.verdict}**"] for v in verdicts(preset, cells)]
+             "it reads \"incomplete\". A claim marked † was added later, for the reason given "
+             "below the table; it stands beside the claims written before the run and replaces "
+             "none of them.", ""]
+    judged = verdicts(preset, cells)
+    rows = [[v.claim.id + (" †" if v.claim.added else ""), v.claim.text, v.measured, f"**{v.verdict}**"]
+            for v in judged]
     lines += [markdown_table(["claim", "paper", "measured", "verdict"], rows) if rows else "(none)", ""]
+    lines += [f"† {v.claim.id}: {v.claim.added}" for v in judged if v.claim.added]
+    if any(v.claim.added for v in judged):
+        lines.append("")
     return "\n".join(lines)
 
 

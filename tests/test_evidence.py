@@ -171,6 +171,27 @@ def test_judge_trains(statuses, verdict):
         assert v.details["diverged"] + v.details["stalled"] == bad
 
 
+@pytest.mark.parametrize("statuses, verdict", [
+    (["diverged", "stalled", "failed"], "reproduced"),  # a plateau counts as failing to train
+    (["ok", "ok"], "not reproduced"),
+    (["stalled", "ok", "stalled"], "inconclusive"),
+    (["failed"], "not run"),
+])
+def test_judge_fails_to_train(statuses, verdict):
+    claim = claim_from_dict({"id": "f", "text": "Post-LN fails without warmup (Fig. 10)",
+                             "kind": "fails_to_train", "a": POSTLN,
+                             "added": "after seed 1: a plateau, not a blow-up"})
+    assert claim.added == "after seed 1: a plateau, not a blow-up"
+    records = _recs(POSTLN, statuses) + _recs({"method": "preln", "warmup": "none"}, ["stalled"])
+    v = judge(claim, records)
+    assert v.verdict == verdict
+    if verdict != "not run":
+        n = sum(s != "failed" for s in statuses)
+        bad = sum(s in ("diverged", "stalled") for s in statuses)
+        assert v.details["failed"] == bad and v.details["n"] == n
+        assert f"{bad} of {n} seeds failed to train" in v.measured
+
+
 def _grid(method, diverged_cells, extra=()):
     """A depth x seed grid of one method; cells in `diverged_cells` ((depth, seed)) diverged."""
     out = []

@@ -30,6 +30,19 @@ def test_a_partial_suite_reads_incomplete():
     assert by_id["pre_ln_no_warmup_trains"].verdict == "incomplete"  # 0 of 3
 
 
+def test_a_claim_added_later_is_marked_with_its_reason():
+    cells = suite.plan("reproduce_table2_real")
+    for cell in cells:
+        if cell.arm == {"method": "post_ln", "warmup.updates": "0"}:
+            cell.record = {"status": "stalled", "best_valid_loss": 6.2}
+    report = suite.render("table2", "Table 2", "reproduce_table2_real", cells)
+    row = next(line for line in report.splitlines() if line.startswith("| post_ln_no_warmup_fails_to_train"))
+    assert "†" in row and "**reproduced**" in row and "3 of 3 seeds failed to train" in row
+    original = next(line for line in report.splitlines() if line.startswith("| post_ln_no_warmup_fails |"))
+    assert "**not reproduced**" in original  # the rule written before the run keeps its verdict
+    assert "† post_ln_no_warmup_fails_to_train: after seed 1" in report
+
+
 def test_curve_slope():
     assert suite.curve_slope([(200, 5.0), (400, 4.0), (600, 3.8), (800, 3.7)]) == pytest.approx(-0.75)
     assert suite.curve_slope([(200, 5.0)]) is None
