@@ -38,6 +38,7 @@ from runner.run.evaluate import evaluate_run
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
     NOT_TRAINED,
+    UNFINISHED,
     find_run_dirs,
     load_sweep,
     markdown_table,
@@ -125,7 +126,7 @@ class Target:
 @dataclass
 class CellResult:
     axes: dict[str, str]
-    status: str  # ok | diverged | stalled | failed | running | pending
+    status: str  # ok | diverged | stalled | failed | interrupted | running | pending
     result: dict = field(default_factory=dict)
     path: Optional[Path] = None
 
@@ -147,7 +148,7 @@ class Outcome:
 
 
 IWSLT_HINT = ("the prepared IWSLT'14 De-En folder with a train split: "
-              "`deepinit data prepare iwslt14 --raw PATH/de-en.tgz --out DIR`, then "
+              "`deepinit data prepare iwslt14 --out DIR` (downloads de-en.tgz; or --raw PATH), then "
               "DEEPINIT_IWSLT14_DIR=DIR (docs/data.md)")
 WMT_HINT = ("a prepared, BPE'd WMT'14 En-De folder with {train,valid,test}.{en,de} "
             "(as Transformer-Clinic pre-process/wmt14en-de.sh: joint BPE 32k, newstest2013 valid, "
@@ -251,7 +252,7 @@ def fmt_ours(cells: Sequence[CellResult], scale: str) -> str:
     n = len(cells)
     div = sum(c.status in ("diverged", "stalled") for c in cells)
     crashed = sum(c.status == "failed" for c in cells)
-    unfinished = sum(c.status in ("running", "pending") for c in cells)
+    unfinished = sum(c.status in UNFINISHED for c in cells)
     ok = [c for c in cells if c.status == "ok"]
     if unfinished == n:
         return "pending" if all(c.status == "pending" for c in cells) else "running"
@@ -307,14 +308,14 @@ def _ints(cells: Sequence[CellResult], axis: str) -> list[int]:
 
 def _failed_all(cells: Sequence[CellResult]) -> Optional[bool]:
     """Every cell diverged or stalled (None when there are no cells or some are unfinished)."""
-    if not cells or any(c.status in ("running", "pending") for c in cells):
+    if not cells or any(c.status in UNFINISHED for c in cells):
         return None
     return all(c.status in NOT_TRAINED for c in cells)
 
 
 def _trained(cells: Sequence[CellResult]) -> Optional[bool]:
     """Every cell trained to the end (None when there are none or some are unfinished)."""
-    if not cells or any(c.status in ("running", "pending") for c in cells):
+    if not cells or any(c.status in UNFINISHED for c in cells):
         return None
     return all(c.status == "ok" for c in cells)
 
@@ -323,7 +324,7 @@ def _several(cells: Sequence[CellResult], statuses: Sequence[str]) -> Optional[b
     """2 or more cells ended with one of `statuses` (None while that is still open)."""
     if sum(c.status in statuses for c in cells) >= 2:
         return True
-    if not cells or any(c.status in ("running", "pending") for c in cells):
+    if not cells or any(c.status in UNFINISHED for c in cells):
         return None
     return False
 
@@ -337,10 +338,10 @@ def _all(values: Sequence[Optional[bool]]) -> Optional[bool]:
 
 def _status_line(all_cells: Sequence[CellResult]) -> str:
     n = {s: sum(c.status == s for c in all_cells) for s in ("ok", "diverged", "stalled", "failed",
-                                                             "running", "pending")}
+                                                             *UNFINISHED)}
     return (f"{len(all_cells)} cells: {n['ok']} ok, {n['diverged']} diverged, {n['stalled']} stalled, "
             f"{n['failed']} crashed, "
-            f"{n['running'] + n['pending']} unfinished")
+            f"{sum(n[s] for s in UNFINISHED)} unfinished")
 
 
 def _yes(b: Optional[bool]) -> str:

@@ -50,3 +50,10 @@ def needs_staged(folder: str, what: str):
         not path.is_dir(),
         reason=f"{what} not found at {path}: set DEEPINIT_DATA_ROOT to the folder that holds "
                f"{folder.split('/')[0]}/ (or run make test DATA_ROOT=PATH)")
+
+
+@pytest.fixture(autouse=True)
+def _no_internet(monkeypatch):
+    """No test reaches the internet: downloads go to a closed local port unless a test serves
+    its own files (tests/data/test_download.py sets the mirror to its 127.0.0.1 server)."""
+    monkeypatch.setenv("DEEPINIT_DOWNLOAD_MIRROR", "http://127.0.0.1:9")

@@ -4,8 +4,10 @@
     deepinit -m [overrides]         a sweep (Hydra multirun; launchers in conf/hydra/launcher)
     deepinit eval RUN_DIR ...       decode and score a finished run
     deepinit report SWEEP_DIR       tables and plots of a sweep
+    deepinit sweep status SWEEP_DIR each cell's status (queued, running, ok, failed, ...)
     deepinit analyze WHAT ...       the papers' diagnostic figures
-    deepinit data prepare NAME ...  prepare a corpus
+    deepinit data download NAME     fetch a corpus (multi30k, iwslt14, wmt14-en-de)
+    deepinit data prepare NAME ...  prepare a corpus (downloading it first without --raw)
     deepinit bench ...              throughput benchmark
     deepinit reproduce TARGET ...   a paper's table (what `make reproduce-TARGET` runs)
 
@@ -21,6 +23,7 @@ VERBS = {
     "train": "runner.cli.train",
     "eval": "runner.cli.eval",
     "report": "runner.cli.report",
+    "sweep": "runner.cli.sweep",
     "analyze": "runner.cli.analyze",
     "data": "runner.cli.data",
     "bench": "runner.cli.bench",

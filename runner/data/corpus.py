@@ -1,6 +1,8 @@
 """Real parallel corpora: strict reading, optional BPE, dictionaries, tokenized splits.
 
 `load_translation_data(cfg.data)` serves `data=multi30k`, `data=iwslt14` and `data=custom`.
+With `data.tokenize=moses` the text read is raw: it is Moses-tokenized (runner/data/moses.py)
+before the BPE, and the raw target text of valid/test is kept for sacreBLEU.
 Reading is strict: a missing file, a line-count mismatch, bytes that are not UTF-8, or (with
 `empty_lines=error`) an empty line raise CorpusError naming the file and line. Nothing is
 dropped silently: skipped empty pairs and pairs longer than max positions are counted in
@@ -20,6 +22,7 @@ from typing import Any, Sequence
 from runner.data.cache import cached
 from runner.data.dataset import TokenizedSplit, TranslationData
 from runner.data.dictionary import Dictionary
+from runner.data.moses import TOKENIZERS, sacremoses_version, tokenize_raw
 from runner.data.subword import BPE_SYMBOL, BPEError, SubwordNmtCodes, learn_bpe, remove_bpe
 
 log = logging.getLogger("deepinit.data")
@@ -87,6 +90,8 @@ class ParallelText:
     empty_skipped: int
     src_path: Path
     tgt_path: Path
+    # The target lines before data.tokenize=moses, aligned with `tgt` (None: not tokenized).
+    tgt_raw: list[str] | None = None
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
@@ -121,16 +126,15 @@ DATA_ROOT_ENV = "DEEPINIT_DATA_ROOT"
 # The folder of each built-in corpus under the data root (data.dir null).
 CORPUS_FOLDERS = {"multi30k": "multi30k", "iwslt14": "iwslt14-de-en-fairseq"}
 # How to make each built-in corpus folder (for the missing-folder error).
-PREPARE_HINTS = {"multi30k": "deepinit data prepare multi30k --raw PATH --out DIR",
-                 "iwslt14": "deepinit data prepare iwslt14 --raw PATH/de-en.tgz --out DIR"}
+PREPARE_HINTS = {"multi30k": "deepinit data prepare multi30k --out DIR",
+                 "iwslt14": "deepinit data prepare iwslt14 --out DIR"}
 # Multi30k's own split names (multi30k/dataset data/task1) for deepinit's usual ones.
 MULTI30K_ALIASES = {"valid": "val", "test": "test_2016_flickr"}
 
 IWSLT14_TRAIN_HINT = (
     "the staged IWSLT'14 copy has only valid and test (its train split could not be obtained); "
-    "get de-en.tgz (fairseq's prepare-iwslt14.sh downloads it from "
-    "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz), run "
-    "`deepinit data prepare iwslt14 --raw PATH/de-en.tgz --out DIR`, then use data.dir=DIR")
+    "run `deepinit data prepare iwslt14 --out DIR` (it downloads de-en.tgz; or pass "
+    "--raw PATH/de-en.tgz), then use data.dir=DIR")
 
 
 def default_data_root() -> Path:
@@ -224,6 +228,18 @@ def _bpe_for_unchecked(cfg, train_lines: Sequence[str] | None
     raise CorpusError(f"data.bpe must be none, tokenizers or codes, got {cfg.bpe!r}")
 
 
+def _tokenize(cfg, text: dict[str, ParallelText]) -> None:
+    """data.tokenize=moses: Moses-tokenize both sides of every split in place (the language's
+    rules), keeping the raw target lines of the splits that are scored."""
+    for split, pt in text.items():
+        log.info("%s: Moses-tokenizing %d %s + %s lines", split, len(pt.src), cfg.source_lang,
+                 cfg.target_lang)
+        if split != cfg.train_split:
+            pt.tgt_raw = pt.tgt
+        pt.src = tokenize_raw(pt.src, cfg.source_lang)
+        pt.tgt = tokenize_raw(pt.tgt, cfg.target_lang)
+
+
 def build_translation_data(cfg, splits: Sequence[str] | None = None,
                            dictionaries: tuple[Dictionary, Dictionary] | None = None
                            ) -> TranslationData:
@@ -236,8 +252,11 @@ def build_translation_data(cfg, splits: Sequence[str] | None = None,
     src_lang, tgt_lang = cfg.source_lang, cfg.target_lang
     if src_lang == tgt_lang:
         raise CorpusError(f"data.source_lang and data.target_lang are both {src_lang!r}")
+    if cfg.tokenize not in TOKENIZERS:
+        raise CorpusError(f"data.tokenize must be {' or '.join(TOKENIZERS)}, got {cfg.tokenize!r}")
 
-    stats: dict[str, Any] = {"corpus": cfg.name, "dir": str(directory), "splits": {}}
+    stats: dict[str, Any] = {"corpus": cfg.name, "dir": str(directory), "splits": {},
+                             "tokenize": cfg.tokenize}
     text: dict[str, ParallelText] = {}
     for split in wanted:
         pt = read_parallel(split_file(cfg, directory, split, src_lang),
@@ -254,6 +273,8 @@ def build_translation_data(cfg, splits: Sequence[str] | None = None,
         stats["splits"][split] = {"files": [str(pt.src_path), str(pt.tgt_path)],
                                   "empty_skipped": pt.empty_skipped}
 
+    if cfg.tokenize == "moses":
+        _tokenize(cfg, text)
     train = text.get(cfg.train_split)
     codes, bpe_stats = _bpe_for(cfg, train.src + train.tgt if train else None)
     stats["bpe"] = bpe_stats
@@ -280,12 +301,14 @@ def build_translation_data(cfg, splits: Sequence[str] | None = None,
 
     out_splits: dict[str, TokenizedSplit] = {}
     references: dict[str, list[str]] = {}
+    raw_references: dict[str, list[str]] = {}
     for split, pt in text.items():
         if splits and split not in splits:
             continue  # read only to learn the BPE / dictionaries
-        src_ids, tgt_ids, refs, too_long = [], [], [], 0
+        src_ids, tgt_ids, refs, raw_refs, too_long = [], [], [], [], 0
         src_unk = tgt_unk = 0
-        for s, t in zip(pt.src, pt.tgt):
+        raw = pt.tgt_raw if pt.tgt_raw is not None else [None] * len(pt.tgt)
+        for s, t, r in zip(pt.src, pt.tgt, raw):
             si, ti = src_dict.encode_line(s), tgt_dict.encode_line(t)
             # fairseq compares lengths with eos against max positions.
             if len(si) > cfg.max_source_positions or len(ti) > cfg.max_target_positions:
@@ -297,6 +320,7 @@ def build_translation_data(cfg, splits: Sequence[str] | None = None,
             tgt_ids.append(ti)
             if split != cfg.train_split:
                 refs.append(remove_bpe(t, bpe_symbol) if bpe_symbol else " ".join(t.split()))
+                raw_refs.append(r)
         if not src_ids:
             raise CorpusError(f"{pt.src_path}: every pair is longer than max positions "
                               f"({cfg.max_source_positions}/{cfg.max_target_positions})")
@@ -307,11 +331,14 @@ def build_translation_data(cfg, splits: Sequence[str] | None = None,
         out_splits[split] = TokenizedSplit.from_lists(src_ids, tgt_ids)
         if split != cfg.train_split:
             references[split] = refs
+            if pt.tgt_raw is not None:
+                raw_references[split] = raw_refs
         s = out_splits[split]
         stats["splits"][split].update(
             pairs=len(s), too_long=too_long, src_tokens=int(s.src_lengths.sum()),
             tgt_tokens=int(s.tgt_lengths.sum()), src_unk=src_unk, tgt_unk=tgt_unk)
-    return TranslationData(src_dict, tgt_dict, out_splits, references, bpe_symbol, stats)
+    return TranslationData(src_dict, tgt_dict, out_splits, references, bpe_symbol, stats,
+                           raw_references)
 
 
 def _key_parts(cfg, directory: Path, wanted: Sequence[str],
@@ -327,6 +354,9 @@ def _key_parts(cfg, directory: Path, wanted: Sequence[str],
         "joined": cfg.joined_dictionary, "bpe": cfg.bpe, "lowercase": cfg.lowercase,
         "empty_lines": cfg.empty_lines,
         "max_positions": [cfg.max_source_positions, cfg.max_target_positions]}
+    if cfg.tokenize != "none":  # absent for none, so caches built before the field stay valid
+        parts["tokenize"] = cfg.tokenize
+        parts["sacremoses"] = sacremoses_version()
     if cfg.bpe == "tokenizers":
         parts["bpe_merges"] = cfg.bpe_merges
         parts["tokenizers"] = version("tokenizers")

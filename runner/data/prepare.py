@@ -14,7 +14,9 @@ multi30k reproduces multi30k/dataset scripts/task1-tokenize.sh (lowercase, Moses
 normalization, Moses tokenizer) and writes OUT/{train,valid,test,...}.{de,en}; the BPE is learned
 when the data is loaded (data.bpe=tokenizers).
 
-No downloads: the raw files must be supplied (`--raw`).
+The raw files are supplied with `--raw`; without it the `deepinit data prepare` command fetches
+them first (runner/data/download.py, into DATA_ROOT/downloads/NAME) and records their SHA-256 in
+prepare.json. The functions here never download.
 """
 from __future__ import annotations
 
@@ -27,15 +29,13 @@ import tarfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
 from subword_nmt.learn_bpe import learn_bpe as snmt_learn
 
 from runner.data.corpus import CorpusError, decode_lines, default_corpus_dir, read_lines
+from runner.data.download import IWSLT14_ORIGINAL_URL, IWSLT14_URL, MULTI30K_URL, check_tar_members
+from runner.data.moses import moses_normalize, moses_tokenize
 from runner.data.subword import SubwordNmtCodes, learn_bpe
 
-IWSLT14_URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"  # fairseq's mirror
-IWSLT14_ORIGINAL_URL = "https://wit3.fbk.eu/archive/2014-01/texts/de/en/de-en.tgz"  # WIT3 2014-01
-MULTI30K_URL = "https://github.com/multi30k/dataset (data/task1/raw/*.gz)"
 # prepare-iwslt14.sh: the order of the concatenated test set.
 IWSLT14_TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
                      "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012")
@@ -80,19 +80,6 @@ def xml_segments(lines: Iterable[str]) -> list[str]:
         line = _SEG_CLOSE.sub("", _SEG_OPEN.sub("", line))
         out.append(line.replace("\u2019", "'"))
     return out
-
-
-def moses_tokenize(lines: Iterable[str], lang: str) -> list[str]:
-    """tokenizer.perl -l LANG: XML-escaped output (&apos; &quot; ...), no aggressive hyphen
-    splitting; whitespace-only lines pass through unchanged as in the perl script."""
-    tok = MosesTokenizer(lang=lang)
-    return [line if not line.strip() else tok.tokenize(line, escape=True, return_str=True)
-            for line in lines]
-
-
-def moses_normalize(lines: Iterable[str], lang: str) -> list[str]:
-    norm = MosesPunctNormalizer(lang=lang)
-    return [norm.normalize(line) for line in lines]
 
 
 def lowercase(lines: Iterable[str]) -> list[str]:
@@ -155,8 +142,8 @@ def _write_lines(path: Path, lines: Iterable[str]) -> None:
 
 
 def _missing_raw(name: str, what: str, url: str) -> PrepareError:
-    return PrepareError(f"{name}: {what}; download it from {url} and pass --raw PATH "
-                        "(deepinit does not download)")
+    return PrepareError(f"{name}: {what}; run `deepinit data prepare {name}` without --raw to "
+                        f"download it, or download it from {url} and pass --raw PATH")
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,7 +156,9 @@ def _tar_members(raw_tgz: Path) -> dict[str, tarfile.TarInfo]:
     except (tarfile.TarError, OSError) as e:
         raise PrepareError(f"{raw_tgz}: not a readable tar archive ({e})") from None
     with tar:
-        return {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+        # Only read (never extracted), but an archive with members that would land outside its
+        # folder (absolute, `..`, links out) is refused as a whole, as when unpacking.
+        return {Path(m.name).name: m for m in check_tar_members(tar, raw_tgz) if m.isfile()}
 
 
 def _tar_lines(raw_tgz: Path, members: dict[str, tarfile.TarInfo], name: str) -> list[str]:
@@ -184,12 +173,13 @@ def _tar_lines(raw_tgz: Path, members: dict[str, tarfile.TarInfo], name: str) ->
 def prepare_iwslt14(raw_tgz: str | os.PathLike | None, out_dir: str | os.PathLike,
                     bpe_merges: int = IWSLT14_BPE_MERGES, bpe_learner: str = "tokenizers",
                     codes: str | os.PathLike | None = None, src: str = "de", tgt: str = "en",
-                    progress=print) -> dict:
+                    progress=print, downloads: list[dict] | None = None) -> dict:
     """Run the prepare-iwslt14.sh pipeline; returns the counts written to OUT/prepare.json.
 
     bpe_learner: tokenizers (deepinit's learner, deterministic) or subword-nmt (the learn_bpe
     fairseq's script runs, for its exact code file). codes: apply these subword-nmt codes
-    instead of learning (e.g. fairseq's own `code`, which reproduces its valid/test exactly)."""
+    instead of learning (e.g. fairseq's own `code`, which reproduces its valid/test exactly).
+    downloads: the records of the fetched raw files (url, sha256), kept in prepare.json."""
     if raw_tgz is None:
         raise _missing_raw("iwslt14", "no raw archive given",
                            f"{IWSLT14_URL} (originally {IWSLT14_ORIGINAL_URL})")
@@ -201,7 +191,7 @@ def prepare_iwslt14(raw_tgz: str | os.PathLike | None, out_dir: str | os.PathLik
     out, tmp = Path(out_dir), Path(out_dir) / "tmp"
     members = _tar_members(raw)
     pair = f"{src}-{tgt}"
-    counts: dict = {"raw": str(raw)}
+    counts: dict = {"raw": str(raw), **({"downloads": downloads} if downloads else {})}
 
     progress(f"iwslt14: tokenizing train.tags.{pair}.{{{src},{tgt}}}")
     tok = {}
@@ -271,17 +261,18 @@ def _learn(lines: list[str], merges: int, learner: str) -> SubwordNmtCodes:
 
 def prepare_multi30k(raw_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
                      src: str = "de", tgt: str = "en", max_lines: int | None = None,
-                     progress=print) -> dict:
+                     progress=print, downloads: list[dict] | None = None) -> dict:
     """task1-tokenize.sh on RAW/{split}.{lang}.gz: lowercase, normalize punctuation, tokenize.
     Writes OUT/{split}.{lang} with deepinit's split names (val -> valid, test_2016_flickr ->
-    test); `max_lines` keeps only the first lines of each file (for tests)."""
+    test); `max_lines` keeps only the first lines of each file (for tests). downloads: the
+    records of the fetched raw files (url, sha256), kept in prepare.json."""
     if raw_dir is None:
         raise _missing_raw("multi30k", "no raw folder given", MULTI30K_URL)
     raw = Path(raw_dir)
     if not raw.is_dir():
         raise _missing_raw("multi30k", f"{raw} is not a folder", MULTI30K_URL)
     out = Path(out_dir)
-    counts: dict = {"raw": str(raw)}
+    counts: dict = {"raw": str(raw), **({"downloads": downloads} if downloads else {})}
     for ours, theirs in MULTI30K_SPLITS.items():
         present = [(raw / f"{theirs}.{lang}.gz").is_file() or (raw / f"{theirs}.{lang}").is_file()
                    for lang in (src, tgt)]

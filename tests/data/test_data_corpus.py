@@ -175,7 +175,7 @@ def test_iwslt14_missing_train_is_explained():
         load_translation_data(DataConfig(name="iwslt14"), use_cache=False)
     msg = str(e.value)
     assert "train" in msg and "only valid and test" in msg
-    assert "deepinit data prepare iwslt14 --raw" in msg
+    assert "deepinit data prepare iwslt14 --out DIR" in msg and "--raw PATH/de-en.tgz" in msg
 
 
 @needs_iwslt
