@@ -5,6 +5,7 @@ One folder per key under `<root>/data/<name>-<hash>/`:
   splits.npz       the TokenizedSplit arrays (np.savez, no pickle)
   src_dict.txt / tgt_dict.txt (or dict.txt when joined)   fairseq dict.txt format
   references.json  tokenized reference lines per split
+  raw_references.json  the raw reference lines per split (data.tokenize=moses only)
 
 The key is a hash of the inputs' identities (path, size, content sha256) and every setting that
 changes the result, so editing a corpus file or a setting selects a new folder. The folder is
@@ -96,6 +97,10 @@ def save(folder: Path, data: TranslationData, key: str) -> None:
             data.tgt_dict.save(tmp / "tgt_dict.txt")
         (tmp / "references.json").write_text(json.dumps(data.references, ensure_ascii=False),
                                              encoding="utf-8")
+        raw_references = getattr(data, "raw_references", None)
+        if raw_references:
+            (tmp / "raw_references.json").write_text(
+                json.dumps(raw_references, ensure_ascii=False), encoding="utf-8")
         files = {p.name: _sha256_file(p) for p in sorted(tmp.iterdir())}
         meta = {"format": CACHE_FORMAT, "key": key, "splits": list(data.splits), "joined": joined,
                 "bpe_symbol": data.bpe_symbol, "stats": data.stats, "files": files}
@@ -128,12 +133,14 @@ def load(folder: Path, key: str) -> TranslationData:
         with np.load(folder / "splits.npz", allow_pickle=False) as z:
             splits = {s: TokenizedSplit(*(z[f"{s}.{n}"] for n in _ARRAYS)) for s in meta["splits"]}
         references = json.loads((folder / "references.json").read_text(encoding="utf-8"))
+        raw_references = (json.loads((folder / "raw_references.json").read_text(encoding="utf-8"))
+                          if "raw_references.json" in meta["files"] else {})
     except CacheCorrupt:
         raise
     except Exception as e:  # any unreadable piece means the folder cannot be trusted
         raise CacheCorrupt(f"{type(e).__name__}: {e}") from e
     return TranslationData(src_dict, tgt_dict, splits, references, meta["bpe_symbol"],
-                           dict(meta["stats"]))
+                           dict(meta["stats"]), raw_references)
 
 
 def cached(key_parts: dict[str, Any], build_fn: Callable[[], TranslationData], *,

@@ -82,6 +82,10 @@ class TranslationData:
     # How to turn decoded subword text back into words (e.g. "@@ " for subword-nmt).
     bpe_symbol: str | None = None
     stats: dict[str, object] = field(default_factory=dict)
+    # Per split, the target text as read (after data.lowercase) before data.tokenize=moses
+    # tokenized it; sacreBLEU scores detokenized hypotheses against it. Empty when nothing was
+    # tokenized (then `references` are the only reference text).
+    raw_references: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def joined(self) -> bool:

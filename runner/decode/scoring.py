@@ -4,19 +4,22 @@
   BLEU-4 on the tokenized, lowercased text with BPE removed, as multi-bleu.perl and fairseq's
   internal scorer compute it: no tokenization, no smoothing (a zero n-gram precision gives 0),
   brevity penalty exp(1 - r/c).
-- `detok_sacrebleu`: hypotheses and references detokenized with sacremoses, then standard
-  sacreBLEU (13a tokenization); comes with its signature.
+- `detok_sacrebleu`: hypotheses detokenized with sacremoses, then standard sacreBLEU (13a
+  tokenization) against the raw references when the corpus was tokenized on loading
+  (data.tokenize=moses), else against the references detokenized the same way; comes with its
+  signature.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 from sacrebleu.metrics import BLEU
-from sacremoses import MosesDetokenizer
 
+from runner.data.moses import detokenize
 from runner.data.subword import BPE_SYMBOL, remove_bpe
 
-__all__ = ["tokenized_bleu", "detok_sacrebleu", "bleu_scores", "remove_bpe", "BPE_SYMBOL"]
+__all__ = ["tokenized_bleu", "detok_sacrebleu", "bleu_scores", "detokenize", "remove_bpe",
+           "BPE_SYMBOL"]
 
 
 def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
@@ -37,24 +40,28 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return float(bleu.corpus_score(list(hyps), [list(refs)]).score)
 
 
-def detokenize(lines: Sequence[str], lang: str) -> list[str]:
-    detok = MosesDetokenizer(lang=lang)
-    return [detok.detokenize(line.split(), unescape=True) for line in lines]
-
-
-def detok_sacrebleu(hyps: Sequence[str], refs: Sequence[str], lang: str) -> tuple[float, str]:
-    """Detokenize (Moses rules for `lang`, XML entities unescaped) then score with sacreBLEU's
-    defaults. Returns (score, signature). When the references were lowercased (IWSLT'14,
-    Multi30k tok), the score is on lowercased text; the signature still says case:mixed because
-    sacreBLEU did not lowercase anything itself."""
+def detok_sacrebleu(hyps: Sequence[str], refs: Sequence[str], lang: str,
+                    raw_refs: Sequence[str] | None = None) -> tuple[float, str]:
+    """Detokenize the hypotheses (Moses rules for `lang`, XML entities unescaped) then score
+    them with sacreBLEU's defaults against `raw_refs`, the untokenized references, when given
+    (data.tokenize=moses), else against `refs` detokenized the same way. Returns (score,
+    signature). When the references were lowercased (IWSLT'14, Multi30k tok), the score is on
+    lowercased text; the signature still says case:mixed because sacreBLEU did not lowercase
+    anything itself."""
     _check(hyps, refs)
+    if raw_refs is not None:
+        _check(hyps, raw_refs)
     bleu = BLEU()
-    score = bleu.corpus_score(detokenize(hyps, lang), [detokenize(refs, lang)])
+    references = list(raw_refs) if raw_refs is not None else detokenize(refs, lang)
+    score = bleu.corpus_score(detokenize(hyps, lang), [references])
     return float(score.score), str(bleu.get_signature())
 
 
-def bleu_scores(hyps: Sequence[str], refs: Sequence[str], lang: str) -> dict[str, object]:
-    """Both scores as result.json fields."""
-    detok, signature = detok_sacrebleu(hyps, refs, lang)
+def bleu_scores(hyps: Sequence[str], refs: Sequence[str], lang: str,
+                raw_refs: Sequence[str] | None = None) -> dict[str, object]:
+    """Both scores as result.json fields: tokenized BLEU of `hyps` against `refs` (both
+    tokenized), sacreBLEU of the detokenized `hyps` against `raw_refs` (else `refs`
+    detokenized)."""
+    detok, signature = detok_sacrebleu(hyps, refs, lang, raw_refs)
     return {"bleu_tokenized": tokenized_bleu(hyps, refs), "sacrebleu_detok": detok,
             "sacrebleu_signature": signature}

@@ -47,6 +47,8 @@ def load_eval_data(cfg, split: str):
                                       dictionaries=(data.src_dict, data.tgt_dict))
         data.splits[split] = extra.splits[split]
         data.references[split] = extra.references[split]
+        if split in extra.raw_references:
+            data.raw_references[split] = extra.raw_references[split]
     if split not in data.splits:
         raise EvalError(f"unknown split {split!r}: this run's data has "
                         f"{', '.join(sorted(data.splits))}")
@@ -112,14 +114,17 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
     seconds = time.perf_counter() - t0
     hyp_text = [tgt_dict.string(t, data.bpe_symbol) for t in hyps.tokens]
     ref_text = data.references[split]
-    scores = bleu_scores(hyp_text, ref_text, cfg.data.target_lang)
+    # data.tokenize=moses: sacreBLEU scores against the raw references, not detokenized ones.
+    raw_refs = data.raw_references.get(split)
+    lang = cfg.data.target_lang
+    scores = bleu_scores(hyp_text, ref_text, lang, raw_refs)
 
     out = run_dir / "eval"
     out.mkdir(exist_ok=True)
-    lang = cfg.data.target_lang
     for name, lines in ((f"{split}.hyp", hyp_text), (f"{split}.ref", ref_text),
                         (f"{split}.detok.hyp", detokenize(hyp_text, lang)),
-                        (f"{split}.detok.ref", detokenize(ref_text, lang))):
+                        (f"{split}.detok.ref",
+                         raw_refs if raw_refs is not None else detokenize(ref_text, lang))):
         tmp = out / f".{name}.tmp"
         tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         tmp.replace(out / name)
@@ -127,6 +132,9 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
         "split": split, "sentences": len(hyp_text),
         "bleu": scores["bleu_tokenized"], "sacrebleu": scores["sacrebleu_detok"],
         "sacrebleu_signature": scores["sacrebleu_signature"],
+        # what sacreBLEU's references were: the raw text (data.tokenize=moses) or the
+        # tokenized references detokenized
+        "sacrebleu_references": "raw" if raw_refs is not None else "detokenized",
         "beam": beam, "lenpen": lenpen, "max_len_a": max_len_a, "max_len_b": max_len_b,
         "checkpoints": [p.name for p in paths], "averaged": len(paths),
         "decode_seconds": seconds, "sentences_per_s": len(hyp_text) / max(seconds, 1e-9),
