@@ -1,4 +1,5 @@
-"""Sweeps through `hydra/launcher=slurm` on a real single-node SLURM.
+"""Sweeps through `hydra/launcher=slurm` on a real single-node SLURM: job arrays, requeue and
+resume, GPU assignment, submit-and-leave with `deepinit sweep status`, failed and cancelled cells.
 
 Bring one up with `WITH_ACCOUNTING=1 WITH_FAKE_GPUS=2 bash ci/slurm-single-node.sh up` (.ci/run
 does); without `sinfo` or an idle node these tests skip. Accounting matters: submitit reads job
@@ -24,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "sweep_probe_app.py"
 DEEPINIT = Path(sys.executable).with_name("deepinit")
 # A tiny, fast training run: the point is dispatch, not learning.
-TINY = ["model=ci", "data.toy.train_size=300", "data.toy.valid_size=30",
-        "trainer.tensorboard=false", "trainer.progress=false"]
+TINY_NAMED = ["model=ci", "data.toy.train_size=300", "data.toy.valid_size=30"]
+TINY = [*TINY_NAMED, "trainer.tensorboard=false", "trainer.progress=false"]  # the last two: not in folder names
 
 
 def _slurm_ready() -> bool:
@@ -198,3 +199,112 @@ def test_two_task_cell_trains_with_ddp_like_one_process(tmp_path):
     assert [s for s, _ in a] == [s for s, _ in b]
     assert [la for _, la in a] == pytest.approx([lb for _, lb in b], rel=1e-4)
     assert ddp["valid_loss"] == pytest.approx(single["valid_loss"], rel=1e-4)
+
+
+def _wait_for(sweep_dir: Path, done, timeout: float = 240):
+    from runner.sweep.status import sweep_states
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = sweep_states(sweep_dir)
+        if done(states):
+            return states
+        time.sleep(1)
+    raise AssertionError(f"timed out: {[(s.overrides, s.status) for s in states]}")
+
+
+def _job_lines(sweep_dir: Path) -> list:
+    return [json.loads(x) for x in (sweep_dir / ".submitit" / "jobs.jsonl").read_text().splitlines()]
+
+
+@needs_cli
+def test_submit_and_leave_then_follow_with_sweep_status_and_resubmit_only_what_is_missing(tmp_path):
+    """`hydra.launcher.wait=false` returns once the array is queued; `deepinit sweep status`
+    shows the cells queued/running, then ok; `deepinit report` reads what has finished; a
+    resubmission while jobs are live submits nothing, and once they are done it submits only
+    the cell whose result is gone, in a new job folder, keeping the old ones."""
+    sweep_dir = tmp_path / "leave"
+    cells = ["trainer.max_updates=6", "warmup=none", "trainer.seed=1,2,3"]
+    try:
+        proc = _deepinit(sweep_dir, "hydra.launcher.wait=false", *cells)
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        first = _job_lines(sweep_dir)
+        assert len(first) == 3 and all(j["launcher"] == "slurm" for j in first)
+        array = first[0]["job_id"].split("_")[0]
+        assert all(j["job_id"].startswith(array + "_") for j in first)  # one array
+        assert "deepinit sweep status" in proc.stdout
+        # the driver is back while the cells are still queued or running
+        live = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", array], capture_output=True,
+                              text=True, timeout=30).stdout
+        status = subprocess.run([str(DEEPINIT), "sweep", "status", str(sweep_dir)], capture_output=True,
+                                text=True, timeout=60, env=_env(COLUMNS="200"))
+        assert status.returncode == 0, status.stdout + status.stderr
+        if live.strip():  # (a fast node may have run them all already)
+            assert re.search(r"\b(queued|running)\b", proc.stdout + status.stdout)
+
+        # submitted again while live: every cell has a job, nothing is submitted twice
+        again = _deepinit(sweep_dir, "hydra.launcher.wait=false", *cells)
+        assert again.returncode == 0, again.stdout[-4000:]
+        assert len(_job_lines(sweep_dir)) == 3
+
+        states = _wait_for(sweep_dir, lambda st: all(s.status in ("ok", "stalled") for s in st))
+        assert len(states) == 3 and {s.job_id for s in states} == {j["job_id"] for j in first}
+        status = subprocess.run([str(DEEPINIT), "sweep", "status", str(sweep_dir), "--json"],
+                                capture_output=True, text=True, timeout=60, env=_env())
+        rows = [json.loads(x) for x in status.stdout.splitlines()]
+        assert [r["status"] for r in rows] == ["ok"] * 3 or {r["status"] for r in rows} <= {"ok", "stalled"}
+        assert main_report([str(sweep_dir), "--no-plots"]) == 0
+
+        # a finished sweep resubmits nothing; a cell whose result is gone is the only one resubmitted
+        old_folders = sorted(p.name for p in (sweep_dir / ".submitit").iterdir() if p.is_dir())
+        proc = _deepinit(sweep_dir, "hydra.launcher.wait=false", *cells)
+        assert proc.returncode == 0 and "nothing to submit" in proc.stdout, proc.stdout[-4000:]
+        redo = states[1].path
+        (redo / "result.json").unlink()
+        proc = _deepinit(sweep_dir, *cells)  # and this time wait for it
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        lines = _job_lines(sweep_dir)
+        assert len(lines) == 4 and set(lines[-1]["overrides"]) == set(states[1].overrides)
+        assert proc.stdout.count("[finished, skipped]") == 2
+        assert json.loads((redo / "result.json").read_text())["status"] in ("ok", "stalled")
+        kept = sorted(p.name for p in (sweep_dir / ".submitit").iterdir() if p.is_dir())
+        assert set(old_folders) < set(kept)  # the first array's job folders are still there
+    finally:
+        _cancel_all_jobs_in(sweep_dir)
+        for j in (_job_lines(sweep_dir) if (sweep_dir / ".submitit" / "jobs.jsonl").exists() else []):
+            subprocess.run(["scancel", j["job_id"]], check=False)
+
+
+@needs_cli
+def test_a_cancelled_job_reads_interrupted_and_a_crashed_cell_failed(tmp_path):
+    """`scancel` on a running cell: `sweep status` says interrupted (from sacct), a crashing cell
+    (corrupt checkpoint) says failed with its error.txt, and a waiting driver exits 1."""
+    sweep_dir = tmp_path / "bad"
+    common = ["trainer.max_updates=4000", "trainer.save_interval=10", "trainer.log_interval=10",
+              "trainer.valid_interval=0", "warmup=none"]
+    crash = sweep_dir / ",".join(sorted([*TINY_NAMED, *common, "trainer.seed=2"]))
+    crash.mkdir(parents=True)
+    (crash / "checkpoint_last.pt").write_bytes(b"not a checkpoint")
+    driver = _deepinit(sweep_dir, *common, "trainer.seed=1,2", background=True)
+    try:
+        victim = None
+        deadline = time.time() + 120
+        while time.time() < deadline and victim is None:
+            victim = next((d for d in sweep_dir.glob("*trainer.seed=1*") if (d / "env.json").exists()), None)
+            time.sleep(0.5)
+        assert victim is not None, "cell 1 never started"
+        job = json.loads((victim / "env.json").read_text())["slurm_job_id"]
+        subprocess.run(["scancel", _array_task_id(job)], check=True, timeout=30)
+        out, _ = driver.communicate(timeout=180)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        _cancel_all_jobs_in(sweep_dir)
+    assert driver.returncode == 1, out[-4000:]
+    from runner.sweep.status import sweep_states
+
+    states = {s.path.name if s.path else None: s for s in sweep_states(sweep_dir)}
+    assert states[victim.name].status == "interrupted", states[victim.name]
+    assert states[crash.name].status == "failed"
+    assert "Traceback" in (crash / "error.txt").read_text()
+    assert "interrupted" in out and "failed" in out

@@ -2,6 +2,12 @@
 
 Composes conf/ into the typed Config and calls runner.run.train.train in Hydra's output folder,
 which is named by the overrides (never by a timestamp), so a second call resumes or skips.
+
+A sweep (`-m`) ends with a table of its cells' statuses and exits by the rule in
+runner/sweep/status.py: 0 when every cell finished (diverged counts: it is a result), 1 when any
+cell failed or was interrupted (each failed cell's RUN_DIR/error.txt says why; the other cells'
+results are kept), 128+N when the driver was stopped by signal N. SIGTERM is handled like Ctrl-C:
+unfinished cells are marked interrupted and the same command resumes them.
 """
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Optional, Sequence
@@ -16,6 +23,7 @@ from typing import Optional, Sequence
 import hydra
 import submitit
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from runner.cli.compose import register_schemas
@@ -23,8 +31,10 @@ from runner.config import Config, ConfigError
 from runner.config.paths import config_dir
 from runner.data.corpus import CorpusError
 from runner.init import get_scheme
-from runner.run.folder import folder_name, write_result
+from runner.run.folder import folder_name
 from runner.run.train import train
+from runner.sweep import cells
+from runner.sweep.status import exit_code, render, sweep_states
 
 # Hydra flags that take a value (the rest of its flags take none).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
@@ -86,6 +96,7 @@ def run_task(cfg: DictConfig) -> None:
         # A multi-task SLURM cell (tasks_per_node=trainer.devices): each task is one DDP rank.
         submitit.helpers.TorchDistributedEnvironment().export()
     multirun = hc.mode.name == "MULTIRUN"
+    cells.begin_attempt(run_dir)  # a rerun cell reads as running, not as its last failure
     try:
         typed = OmegaConf.to_object(cfg)
         note = scheme_warmup(typed, hc.runtime.choices, hc.overrides.task)
@@ -100,22 +111,34 @@ def run_task(cfg: DictConfig) -> None:
             # A sweep cell whose values are rejected: recorded as failed with the reason (not
             # left looking pending in reports; failed cells run again next call), and the
             # sweep goes on.
-            write_result(run_dir, {"status": "failed", "reason": f"config: {err}"})
+            cells.record_failure(run_dir, f"config: {err}")
             sys.stderr.write(f"deepinit: error in {run_dir.name}: {err}\n")
             return
         # A user error: one line, exit 2, and nothing left in the run folder but train.log.
         _remove_hydra_files(run_dir)
         sys.stderr.write(f"deepinit: error: {err}\n")
         raise SystemExit(2)
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # a crash: recorded as failed, the sweep goes on
-        logging.getLogger("deepinit.file").error("run failed:\n%s", traceback.format_exc())
-        write_result(run_dir, {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"})
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM to the driver (cells.Interrupted)
+        name = cells.signal_name(cells.signal_of(exc))
+        cells.mark_interrupted(run_dir, name)
         if not multirun:
-            sys.stderr.write(f"deepinit: run failed: {type(exc).__name__}: {exc} "
-                             f"(traceback in {run_dir / 'train.log'})\n")
+            sys.stderr.write(f"deepinit: interrupted ({name}); run the same command again to "
+                             f"resume {run_dir}\n")
+        raise
+    except submitit.core.utils.UncompletedJobError as exc:  # out of time and out of requeues
+        logging.getLogger("deepinit.file").error("interrupted: %s", exc)
+        cells.mark_interrupted(run_dir, str(exc))
+        return None
+    except Exception as exc:  # a crash: recorded as failed, the sweep goes on
+        trace = traceback.format_exc()
+        logging.getLogger("deepinit.file").error("run failed:\n%s", trace)
+        cells.record_failure(run_dir, f"{type(exc).__name__}: {exc}", trace)
+        where = run_dir / cells.ERROR_FILE
+        if not multirun:
+            sys.stderr.write(f"deepinit: run failed: {type(exc).__name__}: {exc} (traceback in {where})\n")
             raise SystemExit(1)
+        sys.stderr.write(f"deepinit: cell {run_dir.name} failed: {type(exc).__name__}: {exc} "
+                         f"(traceback in {where})\n")
         return None
     return None
 
@@ -124,16 +147,72 @@ def _remove_hydra_files(run_dir: Path) -> None:
     shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
 
 
+def sweep_dir_of(args: list[str]) -> Optional[Path]:
+    """The hydra.sweep.dir of a `-m` command line (with_output_dirs always gives one); None when
+    it is only known at run time (an interpolation such as ${now:...})."""
+    _, overrides = split_args(with_output_dirs(args))
+    given = [o for o in overrides if o.startswith("hydra.sweep.dir=")]
+    if not given:
+        return None
+    try:
+        value = str(OverridesParser.create().parse_overrides([given[-1]])[0].value())
+    except Exception:  # Hydra rejects it itself, with a better message
+        return None
+    return None if "${" in value else Path(value)
+
+
+def sweep_summary(sweep_dir: Optional[Path], started: float, signum: Optional[int] = None) -> int:
+    """The end of `deepinit -m`: a table of this call's cells (multirun.yaml) and the exit code
+    (runner/sweep/status.py). Nothing when no sweep was launched."""
+    stopped = 128 + signum if signum else 0
+    marker = sweep_dir / "multirun.yaml" if sweep_dir is not None else None
+    if marker is None or not marker.exists() or marker.stat().st_mtime < started - 2:
+        return stopped
+    try:  # the launcher's `wait` (slurm.yaml), as the sweep saw it
+        wait = OmegaConf.select(OmegaConf.load(marker), "hydra.launcher.wait", default=True)
+    except Exception:
+        wait = True
+    waited = str(wait).lower() not in ("false", "0", "no")
+    states = sweep_states(sweep_dir, include_other=False)
+    render(states, sweep_dir, title=f"sweep {sweep_dir}")
+    if signum:
+        sys.stderr.write(f"deepinit: stopped by {cells.signal_name(signum)}; run the same command "
+                         "again to resume the unfinished cells\n")
+        return stopped
+    code = exit_code(states, waited=waited)
+    if code:
+        bad = [s for s in states if s.status not in cells.FINISHED + cells.ACTIVE]
+        sys.stderr.write(f"deepinit: {len(bad)} of {len(states)} cells did not finish (a failed "
+                         f"cell's error.txt says why); the other cells' results are kept; run the "
+                         "same command again to rerun only those\n")
+    elif not waited:
+        print(f"submitted; follow it with `deepinit sweep status {sweep_dir}` and collect finished "
+              f"cells with `deepinit report {sweep_dir}`")
+    return code
+
+
 def main(args: list[str]) -> int:
     register_schemas()
     sys.argv = [sys.argv[0], *with_output_dirs(args)]
+    flags, _ = split_args(args)
+    multirun = "-m" in flags or "--multirun" in flags
+    sweep_dir = sweep_dir_of(args) if multirun else None
+    started = time.time()
+    cells.raise_on_sigterm()  # SIGTERM stops a run or a sweep like Ctrl-C does
     try:
         # config_path is resolved at call time so editable installs and wheels both work.
         hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")(run_task)()
+    except KeyboardInterrupt as exc:
+        signum = cells.signal_of(exc)
+        if multirun:
+            return sweep_summary(sweep_dir, started, signum)
+        if not _task_started:
+            sys.stderr.write(f"deepinit: interrupted ({cells.signal_name(signum)})\n")
+        return 128 + signum
     except SystemExit as exit_:
         # Hydra reports composition errors (unknown key, wrong type) and exits 1 before any
         # task starts: those are user errors, exit code 2.
         if exit_.code == 1 and not _task_started:
             raise SystemExit(2)
         raise
-    return 0
+    return sweep_summary(sweep_dir, started) if multirun else 0

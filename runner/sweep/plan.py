@@ -45,7 +45,7 @@ def parse_overrides(lines: Sequence[str]) -> list[ParsedOverride]:
 # Overrides that do not change a run's result (conf/train.yaml keeps them out of folder names):
 # a cell run with other values of these is the same cell.
 _NOT_A_RESULT = ("hydra", "trainer.progress", "trainer.device", "trainer.threads", "trainer.resume",
-                 "trainer.tensorboard")
+                 "trainer.tensorboard", "logger")
 
 
 def canonical(overrides: Sequence[str]) -> frozenset[str]:

@@ -27,11 +27,15 @@ from rich.console import Console
 from rich.table import Table
 
 from runner.run import folder
+from runner.sweep.cells import INTERRUPTED_FILE
 from runner.sweep.plan import parse_overrides
 
 # stalled: finished without diverging but never better than the target unigram (result.json
 # "stalled", docs/training.md); a failure to train, shown like a divergence.
-STATUSES = ("ok", "diverged", "stalled", "failed", "running", "pending")
+# interrupted: started, stopped before result.json (interrupted.json, runner/sweep/cells.py); a
+# rerun resumes it. running/interrupted/pending are unfinished.
+STATUSES = ("ok", "diverged", "stalled", "failed", "interrupted", "running", "pending")
+UNFINISHED = ("interrupted", "running", "pending")
 NOT_TRAINED = ("diverged", "stalled", "failed")
 # metric name -> True when larger is better
 METRICS = {"best_valid_loss": False, "valid_loss": False, "train_loss": False, "bleu": True}
@@ -123,7 +127,8 @@ def _read_metrics(run_dir: Path) -> tuple[list[tuple[int, float]], Optional[int]
 
 
 def read_cell(run_dir: Path) -> Cell:
-    """One run folder -> Cell. Status: result.json's, else running once the job has started."""
+    """One run folder -> Cell. Status: result.json's, else interrupted (interrupted.json), else
+    running once the job has started."""
     run_dir = Path(run_dir)
     overrides = _load_yaml(run_dir / ".hydra" / "overrides.yaml") or []
     config = _load_yaml(run_dir / ".hydra" / "config.yaml") or {}
@@ -133,7 +138,10 @@ def read_cell(run_dir: Path) -> Cell:
     if not overrides and result.get("overrides"):
         overrides = list(result["overrides"])
     curve, last = _read_metrics(run_dir)
-    status = result.get("status") if result else "running"
+    if result:
+        status = result.get("status")
+    else:
+        status = "interrupted" if (run_dir / INTERRUPTED_FILE).exists() else "running"
     if status not in STATUSES:
         status = "failed"
     elif status == "ok" and result.get("stalled"):
@@ -362,7 +370,9 @@ def write_csv(sweep: Sweep, path: Path) -> None:
 def _counts_line(sweep: Sweep) -> str:
     n = sweep.counts()
     return (f"{n['total']} cells: {n['done']} done ({n['ok']} ok, {n['diverged']} diverged, "
-            f"{n['stalled']} stalled, {n['failed']} failed), {n['running']} running, {n['pending']} pending")
+            f"{n['stalled']} stalled, {n['failed']} failed), "
+            + (f"{n['interrupted']} interrupted, " if n["interrupted"] else "")
+            + f"{n['running']} running, {n['pending']} pending")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -393,7 +403,8 @@ def _isolation_table(sweep: Sweep, metric: str) -> tuple[list[str], list[list[st
         sci = [row["scientific"][a] for a in sweep.scientific] or ["-"]
         nui = [row["best_nuisance"].get(a, "-") for a in sweep.nuisance]
         body.append(sci + [_fmt(row["metric"], 2 if metric == "bleu" else 3)] + nui +
-                    [f"{c['ok']}/{c['diverged']}/{c['stalled']}/{c['failed']}/{c['running'] + c['pending']}"])
+                    [f"{c['ok']}/{c['diverged']}/{c['stalled']}/{c['failed']}/"
+                     f"{sum(c[s] for s in UNFINISHED)}"])
     return header, body
 
 
@@ -412,7 +423,7 @@ def render_markdown(sweep: Sweep, metric: str, images: Sequence[Path]) -> str:
 
 def print_rich(sweep: Sweep, metric: str) -> None:
     style = {"ok": "green", "diverged": "red", "stalled": "magenta", "failed": "bold red", "running": "yellow",
-             "pending": "dim"}
+             "interrupted": "bold yellow", "pending": "dim"}
     console = Console()
     header, body = _cells_table(sweep)
     t = Table(title=f"{sweep.name or sweep.root.name}: {_counts_line(sweep)}")
