@@ -1,32 +1,118 @@
-"""Everything the user sees: the rich console, the live progress bar and the end summary."""
+"""Everything the user sees: the rich console, the run's start summary, the live progress bars
+(training, decoding) and the end summary."""
 from __future__ import annotations
 
 import logging
+import textwrap
+from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 console = Console(stderr=False)
 log = logging.getLogger("deepinit")
+# train.log only (conf/hydra/job_logging: no console handler): the full config, tracebacks
+file_log = logging.getLogger("deepinit.file")
+
+T = TypeVar("T")
+_live: list[Progress] = []  # the bars being shown, innermost last (track() nests into them)
 
 
-def progress_bar(enabled: bool | None) -> Progress:
+class _Field(ProgressColumn):
+    """A task field shown through a template; blank for tasks without it (a decoding row
+    inside the training bar has no loss)."""
+
+    def __init__(self, template: str, name: str):
+        super().__init__()
+        self.template, self.name = template, name
+
+    def render(self, task: Task) -> Text:
+        value = task.fields.get(self.name)
+        return Text("" if value is None else self.template.format(value))
+
+
+class _Progress(Progress):
+    """A Progress that registers itself while shown, so that `track` adds its rows to it
+    instead of starting a second live display."""
+
+    def __enter__(self) -> "_Progress":
+        _live.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        _live.remove(self)
+        super().__exit__(*exc)
+
+
+def progress_bar(enabled: bool | None, transient: bool = False) -> Progress:
     """Updates done / total, loss, lr, tokens/s, elapsed and ETA. Off when the console is not a
     terminal (sweeps, CI) unless forced with trainer.progress=true."""
     disable = not console.is_terminal if enabled is None else not enabled
-    return Progress(
+    return _Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("lr {task.fields[lr]}"),
-        TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(), console=console, disable=disable, transient=False)
+        _Field("loss [cyan]{}", "loss"), _Field("lr {}", "lr"), _Field("{} tok/s", "tps"),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+        disable=disable, transient=transient)
+
+
+def track(items: Iterable[T], description: str, total: Optional[float] = None,
+          advance: Callable[[T], float] = lambda _: 1, enabled: bool | None = None) -> Iterator[T]:
+    """Iterate `items` with a progress row (e.g. decoding: advance=len over batches of
+    sentences). Inside a shown bar (training) the row is added to it and removed when done;
+    otherwise a bar of its own that disappears when done. Off when the console is not a
+    terminal, unless enabled=True."""
+    if total is None and isinstance(items, Sequence):
+        total = len(items)
+    if _live:
+        progress = _live[-1]
+        task = progress.add_task(description, total=total)
+        try:
+            for item in items:
+                yield item
+                progress.advance(task, advance(item))
+        finally:
+            progress.remove_task(task)
+        return
+    with progress_bar(enabled, transient=True) as progress:
+        task = progress.add_task(description, total=total)
+        for item in items:
+            yield item
+            progress.advance(task, advance(item))
+
+
+class Overview:
+    """The run's start summary: a title and a few `key  value` lines, values wrapped to the
+    console's width under themselves (no borders, no trailing blanks)."""
+
+    def __init__(self, title: str, rows: Sequence[tuple[str, str]]):
+        self.title, self.rows = title, list(rows)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        indent = max((len(key) for key, _ in self.rows), default=0) + 2
+        width = max(options.max_width - indent, 20)
+        yield Text(self.title, style="bold")
+        for key, value in self.rows:
+            lines = textwrap.wrap(value, width=width, break_on_hyphens=False) or [""]
+            yield Text.assemble((key.ljust(indent), "bold"), lines[0])
+            for line in lines[1:]:
+                yield Text(" " * indent + line)
+
+
+def overview_text(title: str, rows: Sequence[tuple[str, str]]) -> str:
+    """The same summary as plain `key: value` lines (train.log)."""
+    width = max((len(key) for key, _ in rows), default=0)
+    return "\n".join([title, *(f"  {key.ljust(width)}  {value}" for key, value in rows)])
 
 
 def fmt(value, spec: str = ".4f") -> str:

@@ -202,6 +202,10 @@ class DataConfig:
     valid_split: str = "valid"
     test_split: str = "test"
     joined_dictionary: bool = True
+    # none: the text is already tokenized and is used as it is; moses: raw text, Moses
+    # punctuation normalization + tokenizer (sacremoses, source_lang / target_lang rules) before
+    # the BPE, hypotheses detokenized for sacreBLEU against the raw references (docs/data.md).
+    tokenize: str = "none"
     # none: text is used as it is (already tokenized/BPE'd); tokenizers: learn a BPE with
     # HuggingFace tokenizers; codes: apply subword-nmt codes from bpe_codes.
     bpe: str = "none"
@@ -251,7 +255,10 @@ class TrainerConfig:
     valid_max_batches: int = 0  # 0 = the whole valid split
     resume: bool = True  # continue from checkpoint_last.pt / skip a finished run
     progress: Optional[bool] = None  # null: a live bar when the console is a terminal
-    tensorboard: bool = True
+    # The old switch of the TensorBoard logger, kept as an alias of the `logger` group (below):
+    # null = as `logger` says; false = no TensorBoard whatever `logger` says; true = TensorBoard
+    # too. Prefer logger=tensorboard|csv|mlflow|wandb|many_loggers (docs/training.md).
+    tensorboard: Optional[bool] = None
     # instability telemetry every N updates (runner/run/telemetry.py, docs/training.md
     # "Telemetry"); 0 = off. On: per-layer max |x|, attention entropy and max logit, the fp16 loss
     # scale, and the first non-finite value's update and sublayer in result.json
@@ -272,6 +279,67 @@ class TrainerConfig:
 
 
 @dataclass
+class TensorBoardLoggerConfig:
+    """logger=tensorboard: TensorBoard scalars of every metrics.jsonl record, the config as text,
+    the result's numbers under result/."""
+
+    enabled: bool = False  # set by choosing it: logger=tensorboard (the default)
+    save_dir: Optional[str] = None  # null: the run folder (events.out.tfevents.* beside metrics.jsonl)
+
+
+@dataclass
+class CsvLoggerConfig:
+    """logger=csv: one CSV per record split (train.csv, valid.csv, telemetry.csv), params.csv
+    (the flattened config) and result.csv."""
+
+    enabled: bool = False  # set by choosing it: logger=csv
+    save_dir: Optional[str] = None  # null: <run folder>/csv
+
+
+@dataclass
+class MlflowLoggerConfig:
+    """logger=mlflow (pip install 'deepinit[mlflow]'): params, metrics and result into an MLflow
+    tracking store; a resumed run continues its MLflow run."""
+
+    enabled: bool = False  # set by choosing it: logger=mlflow
+    # null: sqlite:///outputs/mlflow.db under the working directory, one store for every run and
+    # sweep started there (`mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db`); any
+    # MLflow tracking URI otherwise (a server http://..., another sqlite:///PATH)
+    tracking_uri: Optional[str] = None
+    experiment_name: str = "deepinit"
+    run_name: Optional[str] = None  # null: the run folder's name
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class WandbLoggerConfig:
+    """logger=wandb (pip install 'deepinit[wandb]'): Weights & Biases, offline by default
+    (`wandb sync <run folder>/wandb/offline-run-*` uploads later)."""
+
+    enabled: bool = False  # set by choosing it: logger=wandb
+    project: str = "deepinit"
+    entity: Optional[str] = None
+    name: Optional[str] = None  # null: the run folder's name
+    mode: str = "offline"  # offline | online | disabled
+    save_dir: Optional[str] = None  # null: the run folder (wandb writes <save_dir>/wandb/)
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggerConfig:
+    """Experiment trackers a run writes to besides metrics.jsonl (runner/run/loggers.py), chosen
+    with the logger group: logger=tensorboard (the default), logger=csv, logger=mlflow,
+    logger=wandb, several with logger=[csv,mlflow] or logger=many_loggers (all four), none with
+    ~logger. Choosing one sets its `enabled`; its other fields are set after choosing it
+    (logger=mlflow logger.mlflow.tracking_uri=...)."""
+
+    tensorboard: TensorBoardLoggerConfig = field(default_factory=TensorBoardLoggerConfig)
+    csv: CsvLoggerConfig = field(default_factory=CsvLoggerConfig)
+    mlflow: MlflowLoggerConfig = field(default_factory=MlflowLoggerConfig)
+    wandb: WandbLoggerConfig = field(default_factory=WandbLoggerConfig)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     norm: NormConfig = field(default_factory=NormConfig)
@@ -281,5 +349,6 @@ class Config:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     # Free-form record of the sweep preset that produced this run (set by sweeps/*.yaml).
     sweep: Any = None

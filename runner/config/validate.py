@@ -28,6 +28,7 @@ CHOICES = {
     "schedule.name": ("inverse_sqrt", "linear", "constant"),
     "data.name": ("toy", "multi30k", "iwslt14", "custom"),
     "data.bpe": ("none", "tokenizers", "codes"),
+    "data.tokenize": ("none", "moses"),
     "data.empty_lines": ("skip", "error"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("auto", "fp32", "bf16", "fp16"),
@@ -117,6 +118,12 @@ def validate(cfg: Any) -> None:
             f"{trainer.max_updates}: shorten the warmup or train longer")
     if cfg.warmup.init_lr > optim.lr:
         raise ConfigError(f"warmup.init_lr={cfg.warmup.init_lr}: expected <= optim.lr={optim.lr}")
+    if cfg.data.tokenize != "none" and cfg.data.name in ("toy", "iwslt14"):
+        raise ConfigError(
+            f"data.tokenize={cfg.data.tokenize} is for raw text, but data={cfg.data.name} "
+            + ("is generated already tokenized" if cfg.data.name == "toy" else
+               "reads fairseq's prepared text, already Moses-tokenized and BPE'd")
+            + ": set data.tokenize=none, or use data=custom for raw text")
     if model.share_embeddings == "all" and not cfg.data.joined_dictionary:
         raise ConfigError(
             "model.share_embeddings=all needs a joined dictionary: set data.joined_dictionary=true "
@@ -136,6 +143,22 @@ def validate(cfg: Any) -> None:
         raise ConfigError("trainer.precision=fp16 needs CUDA: use trainer.precision=bf16 or fp32 on CPU")
     if trainer.devices > 1 and trainer.update_freq < 1:
         raise ConfigError("trainer.update_freq must be >= 1")
+    _check_loggers(cfg)
+
+
+def _check_loggers(cfg: Any) -> None:
+    """The experiment trackers' own fields (whether their packages are installed is checked
+    when the run starts, runner/run/loggers.py)."""
+    for name in ("tensorboard", "csv", "mlflow", "wandb"):
+        options = getattr(cfg.logger, name)
+        if not options.enabled and options != type(options)():
+            raise ConfigError(f"logger.{name}.* is set but the {name} logger is not chosen: add "
+                              f"logger={name} (or a list, e.g. logger=[tensorboard,{name}])")
+    wandb = cfg.logger.wandb
+    if wandb.mode not in ("offline", "online", "disabled"):
+        raise ConfigError(f"logger.wandb.mode={wandb.mode!r}: expected one of offline, online, disabled")
+    if not cfg.logger.mlflow.experiment_name:
+        raise ConfigError("logger.mlflow.experiment_name is empty: name the MLflow experiment")
 
 
 def _check_new_norms(cfg: Any) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from runner.console import track
 from runner.data.dataset import TokenizedSplit
 
 NEG_INF = float("-inf")
@@ -335,13 +336,18 @@ def decode_split(model, split: TokenizedSplit, beam: int = 5, lenpen: float = 1.
                  max_len_a: float = 0.0, max_len_b: int = 200, max_tokens: int = 4096,
                  batch_size: int = 128, batch_max_len: bool = False,
                  device: torch.device | str = "cpu", pad: int = 1, bos: int = 0,
-                 eos: int = 2, batches: Optional[list[np.ndarray]] = None) -> Hypotheses:
+                 eos: int = 2, batches: Optional[list[np.ndarray]] = None,
+                 progress: Optional[bool] = None) -> Hypotheses:
     """Decode every source sentence of `split` (or those in `batches`, batched so, instead of
     decode_batches(split, max_tokens, batch_size)); results in the split's order, None for a
-    sentence no batch holds."""
+    sentence no batch holds. progress: a sentences-decoded bar (None: when the console is a
+    terminal; runner.console.track)."""
     tokens: list[Optional[list[int]]] = [None] * len(split)
     scores = [0.0] * len(split)
-    for indices in decode_batches(split, max_tokens, batch_size) if batches is None else batches:
+    if batches is None:
+        batches = decode_batches(split, max_tokens, batch_size)
+    for indices in track(batches, f"decode (beam {beam})", total=sum(len(b) for b in batches),
+                         advance=len, enabled=progress):
         src = _src_batch(split, indices, pad).to(device)
         hyps = generate(model, src, beam, pad, bos, eos, lenpen=lenpen, max_len_a=max_len_a,
                         max_len_b=max_len_b, batch_max_len=batch_max_len)
@@ -369,7 +375,8 @@ def decode_throughput(model, split: TokenizedSplit, beam: int = 5, max_len_a: fl
         t0 = time.perf_counter()
         hyps = decode_split(model, split, beam=beam, lenpen=lenpen, max_len_a=max_len_a,
                             max_len_b=max_len_b, max_tokens=max_tokens, batch_size=batch_size,
-                            batch_max_len=batch_max_len, device=device, batches=batches)
+                            batch_max_len=batch_max_len, device=device, batches=batches,
+                            progress=False)  # timed: no bar
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0

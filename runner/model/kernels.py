@@ -12,6 +12,12 @@ top-left aligned as in torch's sdpa) and `dropout_p` (dropout on the attention p
 caller passes 0 outside training). Decoding kernels (one incremental step against cached keys)
 are never causal and never drop out: they take neither.
 
+Masks are additive with the dtype's most negative finite value, not -inf: a query whose keys
+are all masked (a source sentence that is all padding) then gets a uniform, finite attention
+instead of NaN (0/0), and on every other row the masked keys' weights are exactly 0 as before
+(exp underflows to 0), so their results are bit for bit those of -inf masks. In bf16/fp16 the
+softmax runs in float32 (CPU autocast leaves it in the low precision).
+
 Choice: the device's kernels are chosen once, when the model is placed on its device
 (`Seq2Seq.select_kernels(device_type)` stores an `AttentionKernels` in every attention module;
 a model is built for CPU). What remains per call is the shape test within one device's set (the
@@ -54,17 +60,18 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: Optional[torch.Tensor], scale: float, is_causal: bool = False,
                      dropout_p: float = 0.0) -> torch.Tensor:
-    """CPU training with up to CPU_MATMUL_ATTENTION_MAX_KEYS keys: matmul, additive -inf masks,
-    softmax, the project's cheaper CPU dropout (runner.model.dropout), matmul. 1.6-2.2x faster
-    than sdpa's CPU kernel (forward + backward) at 26-50 keys, 1.1-1.3x at 100 (head dim 32).
-    dropout_p is 0 outside training, which makes the dropout the identity."""
+    """CPU training with up to CPU_MATMUL_ATTENTION_MAX_KEYS keys: matmul, additive masks (see
+    the module docstring), softmax, the project's cheaper CPU dropout (runner.model.dropout),
+    matmul. 1.6-2.2x faster than sdpa's CPU kernel (forward + backward) at 26-50 keys, 1.1-1.3x
+    at 100 (head dim 32). dropout_p is 0 outside training, which makes the dropout the identity."""
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+    blocked = None if mask is None else ~mask
     if is_causal:  # sdpa's is_causal: query i attends keys 0..i (top-left aligned)
-        scores.add_(_blocked(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)
-                             .triu_(1), scores.dtype))
-    if mask is not None:
-        scores.add_(_blocked(~mask, scores.dtype))
-    return torch.matmul(cpu_dropout(scores.softmax(-1), dropout_p, True), v)
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu_(1)
+        blocked = causal if blocked is None else blocked | causal  # one add: never 2 x min
+    if blocked is not None:
+        scores.add_(_blocked(blocked, scores.dtype))
+    return torch.matmul(cpu_dropout(_softmax(scores), dropout_p, True), v)
 
 
 def single_query_decoding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -108,14 +115,22 @@ def select_attention(device_type: str, queries: int, keys: int, decoding: bool,
 def _masked_softmax_values(scores: torch.Tensor, mask: Optional[torch.Tensor],
                            v: torch.Tensor) -> torch.Tensor:
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(-1), v)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.matmul(_softmax(scores), v)
+
+
+def _softmax(scores: torch.Tensor) -> torch.Tensor:
+    """softmax over the keys; in float32 for bf16/fp16 scores, returned in their dtype."""
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        return scores.float().softmax(-1).to(scores.dtype)
+    return scores.softmax(-1)
 
 
 def _blocked(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive attention mask: -inf where `blocked` is True, 0 elsewhere."""
+    """Additive attention mask: the dtype's most negative finite value where `blocked` is True,
+    0 elsewhere (finite, so a fully masked row stays finite; see the module docstring)."""
     return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(
-        blocked, float("-inf"))
+        blocked, torch.finfo(dtype).min)
 
 
 @dataclass(frozen=True)

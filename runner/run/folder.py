@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from runner import __version__
+from runner.console import log
 
 LAST = "checkpoint_last.pt"
 NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
@@ -111,7 +112,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
 
 # Overrides that do not change a run's result stay out of folder names (see conf/train.yaml).
 _NAME_EXCLUDED = ("hydra.", "hydra/", "trainer.progress=", "trainer.device=", "trainer.threads=",
-                  "trainer.resume=", "trainer.tensorboard=")
+                  "trainer.resume=", "trainer.tensorboard=", "logger=", "logger.", "logger/")
 
 
 def folder_name(overrides: list[str], default: str) -> str:
@@ -190,36 +191,52 @@ def scalars(record: dict) -> Iterator[tuple[str, float]]:
 
 
 class MetricsLog:
-    """metrics.jsonl (one JSON record per line, flushed) and, optionally, TensorBoard scalars.
+    """metrics.jsonl (one JSON record per line, flushed), fanned out to the run's experiment
+    trackers (runner/run/loggers.py: TensorBoard, CSV, MLflow, wandb).
 
-    On resume, the lines a killed attempt logged after its last checkpoint are dropped first and
-    TensorBoard purges its events after that step, so a resumed run's files equal an
-    uninterrupted one's."""
+    On resume, the lines a killed attempt logged after its last checkpoint are dropped first (and
+    TensorBoard and CSV drop theirs), so a resumed run's files equal an uninterrupted one's. A
+    tracker that raises is dropped with one warning: it never fails the run."""
 
-    def __init__(self, run_dir: Path, resumed_at: Optional[int] = None, tensorboard: bool = False):
+    def __init__(self, run_dir: Path, resumed_at: Optional[int] = None, loggers: Sequence = ()):
         path = Path(run_dir) / "metrics.jsonl"
         if resumed_at is not None:
             truncate_metrics(path, resumed_at)
         self.file = open(path, "a")
-        self.writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 (+0.4 s at import; only with trainer.tensorboard)
+        self.loggers = list(loggers)
 
-            self.writer = SummaryWriter(
-                log_dir=str(run_dir), purge_step=None if resumed_at is None else resumed_at + 1)
+    def _each(self, method: str, *args) -> None:
+        for logger in list(self.loggers):
+            try:
+                getattr(logger, method)(*args)
+            except Exception as exc:  # a tracker's failure (a server gone, a full disk) is not the run's
+                log.warning("logger %s failed in %s (%s: %s); the run goes on without it",
+                            logger.name, method, type(exc).__name__, exc)
+                self.loggers.remove(logger)
+                if method != "close":
+                    try:
+                        logger.close("failed")
+                    except Exception:
+                        pass
+
+    def log_params(self, params: dict) -> None:
+        """The flattened config, once when the run starts (trackers only: .hydra/ has it)."""
+        self._each("log_params", params)
 
     def write(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        if self.writer is not None:
-            for tag, value in scalars(record):
-                self.writer.add_scalar(tag, value, record["step"])
-            self.writer.flush()
+        self._each("log_metrics", record)
 
-    def close(self) -> None:
-        self.file.close()
-        if self.writer is not None:
-            self.writer.close()
+    def log_result(self, result: dict) -> None:
+        """result.json's content, when the run ends (trackers only)."""
+        self._each("log_result", result)
+
+    def close(self, status: str = "ok") -> None:
+        if not self.file.closed:
+            self.file.close()
+        self._each("close", status)
+        self.loggers = []
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -10,14 +10,16 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from omegaconf import OmegaConf
 
 from runner.config import Config, ConfigError, config_from_dict
-from runner.console import console, log, summary_table
-from runner.run import folder
+from runner.console import Overview, console, file_log, log, overview_text, summary_table
+from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import final_scores, split_bleu
 from runner.run.telemetry import Telemetry
@@ -66,6 +68,51 @@ class ValidBleu(Callback):
 
 
 # ----------------------------------------------------------------------------- the run
+def overview(parts: RunParts, run_dir: Path, env: dict, trackers: list,
+             resumed_at: Optional[int]) -> list[tuple[str, str]]:
+    """The start summary's rows: model size, data sizes, device and precision, where it logs,
+    the run folder (the full config is in .hydra/config.yaml and train.log)."""
+    cfg, d = parts.cfg, parts.data
+    m = cfg.model
+    stats = parts.data_stats
+    test = d.splits.get(cfg.data.test_split)
+    pairs = (f"{stats['train_pairs']:,} train / {stats['valid_pairs']:,} valid"
+             + (f" / {len(test):,} test" if test is not None else "") + " pairs")
+    if stats.get("train_filtered"):
+        pairs += f" ({stats['train_filtered']:,} too long left out)"
+    vocab = (f"vocab {len(d.src_dict):,} joined" if d.src_dict is d.tgt_dict
+             else f"vocab {len(d.src_dict):,} src / {len(d.tgt_dict):,} tgt")
+    device = f"{parts.device} ({env.get('device_name') or '?'}), {parts.precision}"
+    if parts.device.type == "cpu":
+        device += f", {torch.get_num_threads()} threads"
+    if parts.world > 1:
+        device += f", {parts.world} processes"
+    updates = f"{cfg.trainer.max_updates:,} updates"
+    if resumed_at is not None:
+        updates += f", resuming at {resumed_at:,}"
+    return [
+        ("model", f"{parts.parameters:,} parameters: {m.num_encoder_layers}+{m.num_decoder_layers} "
+                  f"layers, dim {m.dim}, {m.heads} heads; norm={cfg.norm.placement} "
+                  f"init={cfg.init.name} optim={cfg.optim.name} lr={cfg.optim.lr:g}"),
+        ("data", f"{cfg.data.name}: {pairs}; {vocab}"),
+        ("device", device),
+        ("training", f"{updates}, {stats.get('batches_per_epoch', '?'):,} batches per epoch"),
+        ("logging", ", ".join(["metrics.jsonl", *(t.name for t in trackers)])
+                    + " (full config: train.log, .hydra/config.yaml)"),
+        ("run folder", str(run_dir)),
+    ]
+
+
+def log_config(cfg: Config) -> None:
+    """The full config: into train.log, and on the console only at DEBUG
+    (hydra.verbose=deepinit)."""
+    text = OmegaConf.to_yaml(OmegaConf.structured(cfg)).rstrip()
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("config:\n%s", text)
+    else:
+        file_log.info("config:\n%s", text)
+
+
 def result_record(parts: RunParts, trainer: Trainer, outcome: Outcome, resumed: bool) -> dict:
     """result.json: the outcome, losses, throughput and where it ran."""
     s, t = trainer.state, parts.cfg.trainer
@@ -105,6 +152,7 @@ def train(cfg, run_dir: Path) -> dict:
         return previous
     if cfg.trainer.devices > 1 and "WORLD_SIZE" not in os.environ:
         return spawn_ddp(cfg, run_dir)
+    loggers.check_available(cfg)  # a missing mlflow/wandb: one line before any data loads
 
     last = run_dir / folder.LAST
     resume = cfg.trainer.resume and last.exists()
@@ -129,24 +177,28 @@ def train(cfg, run_dir: Path) -> dict:
         # The vocabularies the model is trained on: eval checks its rebuilt data against them.
         parts.data.src_dict.save(run_dir / "dict.src.txt")
         parts.data.tgt_dict.save(run_dir / "dict.tgt.txt")
-    if main:
-        folder.write_json(run_dir / "env.json", {
-            **folder.environment(parts.device, parts.precision), "parameters": parts.parameters,
-            "unpad": parts.unpad, "data": parts.data_stats, "world_size": parts.world})
-    log.info("model: %s params, %d+%d layers, norm=%s, init=%s, optim=%s; data: %s",
-             f"{parts.parameters:,}", cfg.model.num_encoder_layers, cfg.model.num_decoder_layers,
-             cfg.norm.placement, cfg.init.name, cfg.optim.name, parts.data_stats)
-
     metrics = None
     if main:
-        metrics = folder.MetricsLog(run_dir, trainer.state.step if resume else None,
-                                    cfg.trainer.tensorboard)
+        env = folder.environment(parts.device, parts.precision)
+        folder.write_json(run_dir / "env.json", {
+            **env, "parameters": parts.parameters,
+            "unpad": parts.unpad, "data": parts.data_stats, "world_size": parts.world})
+        resumed_at = trainer.state.step if resume else None
+        metrics = folder.MetricsLog(run_dir, resumed_at,
+                                    loggers.make_loggers(cfg, run_dir, resumed_at))
         trainer.callbacks.insert(0, MetricsCallback(metrics))
     try:
+        if main:
+            rows = overview(parts, run_dir, env, metrics.loggers, resumed_at)
+            console.print(Overview("deepinit train", rows))
+            file_log.info(overview_text("deepinit train", rows))
+            log_config(cfg)
+            metrics.log_params(loggers.config_params(cfg))
         outcome = trainer.run()
-    finally:
+    except BaseException as exc:
         if metrics is not None:
-            metrics.close()
+            metrics.close("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+        raise
     result = result_record(parts, trainer, outcome, resume)
     result["world_size"] = parts.world
     if telemetry is not None:  # where the first nan/inf appeared (docs/training.md "Telemetry")
@@ -160,6 +212,8 @@ def train(cfg, run_dir: Path) -> dict:
             result["bleu_error"] = f"{type(exc).__name__}: {exc}"
     if main:
         folder.write_result(run_dir, result)
+        metrics.log_result(result)
+        metrics.close(result["status"])
         console.print(summary_table(result, str(run_dir)))
     if parts.world > 1:
         dist.barrier()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from runner.console import log, progress_bar
+from runner.console import log, progress_bar, track
 from runner.data.batching import Batch, collate, epoch_order
 from runner.model.loss import label_smoothed_nll
 from runner.train.optim import set_lr
@@ -226,7 +226,7 @@ class Trainer:
         split, pad, eos = self.parts.valid_split, self.parts.pad, self.parts.eos
         loss_sum = nll_sum = 0.0
         tokens = 0
-        for indices in self.parts.valid_batches[self.rank::self.world]:
+        for indices in track(self.parts.valid_batches[self.rank::self.world], "valid"):
             batch = collate(split, indices, pad, eos).to(self.device)
             with self.autocast():
                 logits = self.model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)

@@ -1,0 +1,70 @@
+"""What a run prints: a short start summary (parameters, data sizes, device, run folder), the full
+config only in train.log (and on the console at DEBUG), progress rows that nest into the
+training bar."""
+from __future__ import annotations
+
+import io
+import json
+
+from conftest import TINY, run_cli
+from rich.console import Console
+
+from runner import console as console_module
+from runner.console import Overview, overview_text, progress_bar, track
+
+MAX_LINE = 200
+
+
+def test_start_summary_and_config_placement(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["train", *TINY, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    result = json.loads((run_dir / "result.json").read_text())
+    start = out[:out.index("run folder")]
+    assert f"{result['parameters']:,} parameters" in start
+    assert "50 valid / 50 test pairs" in start and "vocab" in start
+    assert "cpu" in start and "fp32" in start
+    assert str(run_dir) in out[out.index("run folder"):].splitlines()[0]
+    assert all(len(line) <= MAX_LINE for line in out.splitlines()), max(out.splitlines(), key=len)
+    assert "{'" not in out  # no dict dumps (the data statistics are in env.json)
+    # the full config: in train.log, not on the console
+    log = (run_dir / "train.log").read_text()
+    assert "qk_norm_temperature: 12.32" in log and "qk_norm_temperature" not in out
+    assert "parameters" in log and str(run_dir) in log  # the summary is in train.log too
+    assert "qk_norm_temperature: 12.32" in (run_dir / ".hydra" / "config.yaml").read_text()
+
+
+def test_full_config_on_the_console_at_debug(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["train", *TINY, "trainer.max_updates=5", "trainer.save_interval=5",
+                    "hydra.verbose=deepinit", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "qk_norm_temperature" in proc.stdout
+    assert (run_dir / "train.log").read_text().count("qk_norm_temperature: 12.32") == 1
+
+
+def test_overview_wraps_to_the_console_width():
+    rows = [("model", "1,234 parameters: " + "word " * 30), ("run folder", "/x/" + "a" * 150)]
+    out = io.StringIO()
+    Console(file=out, width=60).print(Overview("deepinit train", rows))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "deepinit train"
+    assert all(len(line) <= 60 and line == line.rstrip() for line in lines)
+    assert "".join(line.strip() for line in lines[-4:]).endswith("a" * 150)
+    text = overview_text("deepinit train", rows)
+    assert text.splitlines()[1].startswith("  model       1,234 parameters")
+
+
+def test_track_nests_into_the_shown_bar():
+    seen = []
+    with progress_bar(True) as progress:
+        progress.add_task("train", total=10)
+        for item in track([[1, 2], [3]], "decode", advance=len):
+            seen.append([t.description for t in progress.tasks])
+            assert console_module._live[-1] is progress
+        assert [t.description for t in progress.tasks] == ["train"]  # the row is gone
+    assert seen == [["train", "decode"], ["train", "decode"]]
+    assert console_module._live == []
+    # on its own (no terminal): iterates everything, shows nothing
+    assert list(track(range(3), "valid")) == [0, 1, 2]
