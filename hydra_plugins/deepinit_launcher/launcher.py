@@ -40,6 +40,7 @@ from hydra_plugins.deepinit_launcher import config as _config  # noqa: F401 (reg
 from hydra_plugins.deepinit_launcher.processes import cmdline, stop_tree
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from runner.console import progress_bar
 from runner.run import folder
 from runner.sweep import cells
 from runner.sweep.gpus import SlotPool, cuda_visible_devices, detect_devices, make_slots
@@ -162,7 +163,13 @@ class LocalSweepLauncher(_CellsMixin, BaseSubmititLauncher):
             results[i] = _completed(job_overrides[i], "finished before")
         pending: List[int] = [i for i in range(len(job_overrides)) if results[i] is None]
         running: dict = {}  # slot index -> (cell index, job)
+        # cells finished / total with an ETA, in a terminal (the workers' own bars are off:
+        # their output goes to the submitit logs)
+        bar = progress_bar(None)
+        task = bar.add_task("sweep cells", total=len(job_overrides),
+                            completed=len(job_overrides) - len(pending))
         try:
+            bar.start()
             while pending or running:
                 while pending and pool.has_free():
                     i = pending.pop(0)
@@ -186,11 +193,17 @@ class LocalSweepLauncher(_CellsMixin, BaseSubmititLauncher):
                     i, job = running.pop(slot_idx)
                     pool.release(slot_idx)
                     results[i] = self._collect(job, job_overrides[i], initial_job_idx + i)
+                    bar.advance(task)
+                    log.info(f"\t#{initial_job_idx + i} ended "
+                             f"({len(job_overrides) - len(pending) - len(running)} of "
+                             f"{len(job_overrides)} cells ended)")
                 if not finished:
                     time.sleep(float(params.get("poll_s", 1.0)))
         except BaseException as exc:
+            bar.stop()
             self._stop(running, job_overrides, initial_job_idx, exc)
             raise
+        bar.stop()
         return [r for r in results if r is not None]
 
     def _stop(self, running: dict, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
