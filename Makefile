@@ -85,7 +85,8 @@ DRY_RUN ?=
 REPRODUCE_ARGS ?=
 REPRODUCE_TARGETS := reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz \
                      reproduce-schemes-postln reproduce-schemes-other reproduce-schemes-norms \
-                     reproduce-schemes-scaling reproduce-mup-transfer
+                     reproduce-schemes-scaling reproduce-schemes-norms-warmup \
+                     reproduce-schemes-scaling-warmup reproduce-mup-transfer
 .PHONY: $(REPRODUCE_TARGETS)
 $(REPRODUCE_TARGETS):
 	$(BIN)/deepinit reproduce $(@:reproduce-%=%) $(if $(SCALE),--scale $(SCALE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY_RUN),--dry-run) $(REPRODUCE_ARGS)
