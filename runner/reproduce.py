@@ -578,10 +578,12 @@ TARGETS: dict[str, Target] = {
         "schemes-scaling", "Methods since 2019, deep, no warmup: QK-norm, sigma-reparam, LayerScale, depth-muP",
         {"real": (Part("reproduce_schemes_scaling_real"),)}, None),
     "schemes-norms-warmup": Target(
-        "schemes-norms-warmup", "Methods since 2019, deep, with warmup: B2T, ResiDual, DyT, ScaleNorm+FixNorm, Mix-LN, Peri-LN",
+        "schemes-norms-warmup",
+        "Methods since 2019, deep, with warmup: B2T, ResiDual, DyT, ScaleNorm+FixNorm, Mix-LN, Peri-LN",
         {"real": (Part("reproduce_schemes_norms_warmup_real"),)}, None),
     "schemes-scaling-warmup": Target(
-        "schemes-scaling-warmup", "Methods since 2019, deep, with warmup: QK-norm, sigma-reparam, LayerScale, depth-muP",
+        "schemes-scaling-warmup",
+        "Methods since 2019, deep, with warmup: QK-norm, sigma-reparam, LayerScale, depth-muP",
         {"real": (Part("reproduce_schemes_scaling_warmup_real"),)}, None),
     "mup-transfer": Target(
         "mup-transfer", "Depth-muP: does the best learning rate transfer from 6 to 12 layers?",
