@@ -152,8 +152,8 @@ IWSLT_HINT = ("the prepared IWSLT'14 De-En folder with a train split: "
               "DEEPINIT_IWSLT14_DIR=DIR (docs/data.md)")
 WMT_HINT = ("a prepared, BPE'd WMT'14 En-De folder with {train,valid,test}.{en,de} "
             "(as Transformer-Clinic pre-process/wmt14en-de.sh: joint BPE 32k, newstest2013 valid, "
-            "newstest2014 test), then "
-            "DEEPINIT_WMT14_DIR=DIR")
+            "newstest2014 test): `deepinit data prepare wmt14-en-de --recipe admin --out DIR` "
+            "(downloads the archives; or --raw DIR), then DEEPINIT_WMT14_DIR=DIR (docs/data.md)")
 # CPU scale: greedy decoding of the last checkpoint (cheap); paper scale: the papers' protocol
 # (Admin IWSLT beam 5 lenpen 1, WMT beam 4 lenpen 0.6: Transformer-Clinic nmt-experiments/eval_*.sh;
 # T-Fixup beam 4 lenpen 0.3: layer6ai-labs/T-Fixup InferenceIWSLT.py; each the average of the last

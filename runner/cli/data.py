@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from runner.data.corpus import CorpusError
 from runner.data.download import CORPORA, DOWNLOADS_FOLDER, MIRROR_ENV, download
-from runner.data.prepare import IWSLT14_BPE_MERGES, default_multi30k_raw, prepare_iwslt14, prepare_multi30k
+from runner.data.prepare import (
+    IWSLT14_BPE_MERGES,
+    WMT14_RECIPES,
+    default_multi30k_raw,
+    prepare_iwslt14,
+    prepare_multi30k,
+    prepare_wmt14,
+)
 
-PREPARED = ("iwslt14", "multi30k")  # corpora `data prepare` knows; wmt14-en-de is download only
+PREPARED = ("iwslt14", "multi30k", "wmt14-en-de")  # the corpora `data prepare` knows
 CORPORA_HELP = "corpora:\n" + "\n".join(f"  {name:<12} {c.about}" for name, c in CORPORA.items())
 WHERE_HELP = (f"Downloads go to DATA_ROOT/{DOWNLOADS_FOLDER}/NAME, where DATA_ROOT is $DEEPINIT_DATA_ROOT,\n"
               "else $XDG_CACHE_HOME/deepinit/data (~/.cache/deepinit/data); see docs/data.md.")
@@ -72,14 +82,37 @@ def main_download(argv: Sequence[str]) -> int:
         console.print(f"prepare it with: deepinit data prepare iwslt14 --raw {folder / 'de-en.tgz'}",
                       highlight=False)
     else:
-        console.print("deepinit has no prepare step for it; the unpacked folders hold the files "
-                      "fairseq's prepare-wmt14en2de.sh reads", highlight=False)
+        console.print(f"prepare it with: deepinit data prepare wmt14-en-de --raw {folder}", highlight=False)
     return 0
 
 
+@contextlib.contextmanager
+def _line_bars(enabled: bool, progress) -> Iterator[tuple]:
+    """(tick, say): tick(stage, done, total) draws one bar per stage on stderr (lines done, time
+    left); say(message) prints above the bars (through `progress` when they are not drawn)."""
+    bars = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("lines"), TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), disable=not enabled)
+    tasks: dict[str, int] = {}
+
+    def tick(stage: str, done: int, total: int | None) -> None:
+        if stage not in tasks:
+            tasks[stage] = bars.add_task(stage, total=total)
+        bars.update(tasks[stage], completed=done, total=total)
+
+    def say(message: str) -> None:
+        if enabled:
+            bars.console.print(f"[dim]{message}[/]", highlight=False)
+        else:
+            progress(message)
+
+    with bars:
+        yield tick, say
+
+
 def main_prepare(argv: Sequence[str]) -> int:
-    """`deepinit data prepare iwslt14|multi30k [--raw PATH] [--out DIR]`; exit code 0 or 2.
-    Without --raw the raw files are downloaded first (as `deepinit data download NAME`)."""
+    """`deepinit data prepare iwslt14|multi30k|wmt14-en-de [--raw PATH] [--out DIR]`; exit code 0
+    or 2. Without --raw the raw files are downloaded first (as `deepinit data download NAME`)."""
     console, err = Console(), Console(stderr=True)
     default_raw = default_multi30k_raw()
     parser = argparse.ArgumentParser(
@@ -87,26 +120,45 @@ def main_prepare(argv: Sequence[str]) -> int:
         description="Prepare a corpus from its raw files. Without --raw they are downloaded first\n"
                     "(as `deepinit data download NAME`) and their SHA-256 is kept in OUT/prepare.json.\n"
                     + WHERE_HELP,
-        epilog="corpora: iwslt14, multi30k (wmt14-en-de can be downloaded, not prepared)")
+        epilog="corpora: iwslt14, multi30k, wmt14-en-de\n\n"
+               "wmt14-en-de runs fairseq's prepare-wmt14en2de.sh (--recipe fairseq: valid = every\n"
+               "100th training line, 40,000 merges) or Transformer-Clinic's wmt14en-de.sh, the data\n"
+               "of the paper presets (--recipe admin: newstest2013 valid, 32,764 merges). About\n"
+               "4.5M sentence pairs: roughly 40 CPU-minutes of tokenizing and BPE, divided among\n"
+               "--workers (docs/data.md).")
     parser.add_argument("corpus", choices=list(CORPORA))
     parser.add_argument("--raw", help="iwslt14: de-en.tgz; multi30k: the folder of raw/*.gz "
-                        f"(default for multi30k: {default_raw} when present, else downloaded)")
+                        f"(default for multi30k: {default_raw} when present, else downloaded); "
+                        "wmt14-en-de: the folder of the five .tgz archives (or of what "
+                        "`deepinit data download wmt14-en-de` unpacked there)")
     parser.add_argument("--out", help="output folder (default: data/CORPUS)")
-    parser.add_argument("--bpe-merges", type=int, default=IWSLT14_BPE_MERGES,
-                        help="iwslt14: joint BPE merges (default 10000, as fairseq)")
+    parser.add_argument("--bpe-merges", type=int, default=None,
+                        help=f"iwslt14, wmt14-en-de: joint BPE merges (default: iwslt14 "
+                             f"{IWSLT14_BPE_MERGES}; wmt14-en-de "
+                             + ", ".join(f"{r.bpe_merges} with --recipe {name}"
+                                         for name, r in WMT14_RECIPES.items()) + ")")
     parser.add_argument("--bpe-learner", choices=["tokenizers", "subword-nmt"],
-                        default="tokenizers", help="iwslt14: which learner (default tokenizers)")
-    parser.add_argument("--codes", help="iwslt14: apply these subword-nmt codes instead of "
-                        "learning a BPE (e.g. fairseq's code file)")
+                        default="tokenizers",
+                        help="iwslt14, wmt14-en-de: which learner (default tokenizers)")
+    parser.add_argument("--codes", help="iwslt14, wmt14-en-de: apply these subword-nmt codes "
+                        "instead of learning a BPE (e.g. fairseq's code file)")
+    parser.add_argument("--recipe", choices=list(WMT14_RECIPES), default="fairseq",
+                        help="wmt14-en-de: fairseq's prepare-wmt14en2de.sh (default) or "
+                             "Transformer-Clinic's wmt14en-de.sh (admin)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+                        help="wmt14-en-de: processes for the tokenizer and the BPE "
+                             "(default: the number of CPUs, %(default)s here)")
     _fetch_options(parser)
     args, code = _parse(parser, argv)
     if args is None:
         return code
     if args.corpus not in PREPARED:
         return _error(err, f"{args.corpus}: `deepinit data prepare` is not implemented for it; "
-                      f"`deepinit data download {args.corpus}` fetches and unpacks the raw files "
-                      "(docs/data.md)")
+                      f"`deepinit data download {args.corpus}` fetches the raw files (docs/data.md)")
+    if args.workers < 1:
+        return _error(err, f"--workers must be at least 1, got {args.workers}")
     out = Path(args.out or Path("data") / args.corpus)
+    bars = not args.no_progress and err.is_terminal
 
     def progress(msg: str) -> None:
         console.print(f"[dim]{msg}[/]", highlight=False)
@@ -116,14 +168,20 @@ def main_prepare(argv: Sequence[str]) -> int:
         if raw is None and args.corpus == "multi30k" and default_raw.is_dir():
             raw = default_raw
         if raw is None:
-            fetched = download(args.corpus, mirror=args.mirror, progress=progress,
-                               progressbar=not args.no_progress and err.is_terminal)
+            fetched = download(args.corpus, mirror=args.mirror, progress=progress, progressbar=bars)
             downloads = fetched["files"]
             raw = Path(fetched["folder"]) / ("de-en.tgz" if args.corpus == "iwslt14" else "")
         if args.corpus == "iwslt14":
-            counts = prepare_iwslt14(raw, out, bpe_merges=args.bpe_merges,
+            merges = IWSLT14_BPE_MERGES if args.bpe_merges is None else args.bpe_merges
+            counts = prepare_iwslt14(raw, out, bpe_merges=merges,
                                      bpe_learner=args.bpe_learner, codes=args.codes,
                                      progress=progress, downloads=downloads)
+        elif args.corpus == "wmt14-en-de":
+            with _line_bars(bars, progress) as (tick, say):
+                counts = prepare_wmt14(raw, out, recipe=args.recipe, bpe_merges=args.bpe_merges,
+                                       bpe_learner=args.bpe_learner, codes=args.codes,
+                                       workers=args.workers, progress=say, tick=tick,
+                                       downloads=downloads)
         else:
             counts = prepare_multi30k(raw, out, progress=progress, downloads=downloads)
     except CorpusError as e:  # PrepareError, DownloadError, BPE/reading errors: one line
@@ -132,7 +190,12 @@ def main_prepare(argv: Sequence[str]) -> int:
         return _error(err, str(e))
     sizes = ", ".join(f"{k} {v}" for k, v in counts.items() if isinstance(v, int))
     console.print(f"[green]prepared {args.corpus}[/] in {out}: {sizes}")
-    console.print(f"use it with: deepinit data={args.corpus} data.dir={out.resolve()}")
+    if args.corpus == "wmt14-en-de":
+        console.print(f"use it with: deepinit data=custom data.dir={out.resolve()} data.source_lang=en "
+                      f"data.target_lang=de data.bpe=none, or DEEPINIT_WMT14_DIR={out.resolve()} "
+                      "for the paper-scale presets", highlight=False, soft_wrap=True)
+    else:
+        console.print(f"use it with: deepinit data={args.corpus} data.dir={out.resolve()}")
     return 0
 
 
@@ -146,8 +209,8 @@ def main(argv: Sequence[str]) -> int:
         prog="deepinit data", formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="deepinit data {download,prepare} NAME [options]",
         description="download NAME   fetch a corpus's raw files into the per-user cache\n"
-                    "prepare NAME    prepare a corpus (iwslt14, multi30k) from its raw files,\n"
-                    "                downloading them first unless --raw PATH is given\n\n"
+                    "prepare NAME    prepare a corpus (iwslt14, multi30k, wmt14-en-de) from its raw\n"
+                    "                files, downloading them first unless --raw PATH is given\n\n"
                     + WHERE_HELP,
         epilog=CORPORA_HELP + "\n\n`deepinit data COMMAND --help` shows a command's options.")
     if argv and argv[0] in COMMANDS:

@@ -432,6 +432,46 @@ def safe_unpack(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
     return dest
 
 
+UNPACKED_STAMP = ".deepinit-unpacked-from"  # in an unpacked folder: the archive's SHA-256
+
+
+def unpacked_from(dest: str | os.PathLike) -> str | None:
+    """The SHA-256 of the archive DEST was unpacked from (its stamp), or None."""
+    try:
+        return (Path(dest) / UNPACKED_STAMP).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def unpack_once(archive: str | os.PathLike, dest: str | os.PathLike, sha256: str) -> bool:
+    """safe_unpack ARCHIVE into DEST unless DEST was already unpacked from an archive with this
+    SHA-256 (its stamp says so); True when it unpacked."""
+    if unpacked_from(dest) == sha256:
+        return False
+    safe_unpack(archive, dest)
+    (Path(dest) / UNPACKED_STAMP).write_text(sha256 + "\n", encoding="utf-8")
+    return True
+
+
+def local_record(remote: RemoteFile, folder: str | os.PathLike) -> dict | None:
+    """The downloads.json-style record of FOLDER/NAME as it is (no fetching), or None when the
+    file is not there: its SHA-256 from FOLDER/downloads.json when size and mtime still match,
+    else computed; `verified` when it equals the known hash, `url` when the manifest has one."""
+    path = Path(folder) / remote.name
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    if not path.is_file():
+        return None
+    old = _read_manifest(Path(folder)).get(remote.name, {})
+    same = old.get("bytes") == stat.st_size and old.get("mtime_ns") == stat.st_mtime_ns
+    sha = old["sha256"] if same and old.get("sha256") else pooch.file_hash(str(path))
+    return {"file": remote.name, **({"url": old["url"]} if same and old.get("url") else {}),
+            "sha256": sha, "verified": remote.sha256 is not None and sha == remote.sha256,
+            "bytes": stat.st_size}
+
+
 # --------------------------------------------------------------------------------------------
 # A whole corpus
 
@@ -454,11 +494,9 @@ def download(name: str, folder: str | os.PathLike | None = None, mirror: str | N
                             manual=corpus.manual, corpus=name)
         if remote.unpack:
             dest = folder / unpacked_name(remote.name)
-            stamp = dest / ".deepinit-unpacked-from"
-            if not (stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == record["sha256"]):
+            if unpacked_from(dest) != record["sha256"]:
                 progress(f"{name}: unpacking {remote.name}")
-                safe_unpack(folder / remote.name, dest)
-                stamp.write_text(record["sha256"] + "\n", encoding="utf-8")
+                unpack_once(folder / remote.name, dest, record["sha256"])
             record["unpacked"] = dest.name
         records.append(record)
     return {"folder": str(folder), "files": records}

@@ -1,6 +1,7 @@
 """Moses tokenization and detokenization through sacremoses, in one place.
 
-Used by `deepinit data prepare` (fairseq's prepare-iwslt14.sh and Multi30k's task1-tokenize.sh),
+Used by `deepinit data prepare` (fairseq's prepare-iwslt14.sh and prepare-wmt14en2de.sh, and
+Multi30k's task1-tokenize.sh),
 by `data.tokenize=moses` (raw text tokenized when a corpus is loaded, before the BPE) and by the
 BLEU scorer (hypotheses detokenized for sacreBLEU).
 
@@ -12,6 +13,7 @@ tokens one to one: same n-gram matches, same lengths); the detokenized text does
 """
 from __future__ import annotations
 
+import unicodedata
 from importlib.metadata import version
 from typing import Iterable
 
@@ -27,11 +29,13 @@ def sacremoses_version() -> str:
     return version("sacremoses")
 
 
-def moses_tokenize(lines: Iterable[str], lang: str) -> list[str]:
+def moses_tokenize(lines: Iterable[str], lang: str, aggressive_dash_splits: bool = False) -> list[str]:
     """tokenizer.perl -l LANG: XML-escaped output (&apos; &quot; ...), no aggressive hyphen
-    splitting; whitespace-only lines pass through unchanged as in the perl script."""
+    splitting unless `aggressive_dash_splits` (tokenizer.perl -a: `well-known` becomes
+    `well @-@ known`); whitespace-only lines pass through unchanged as in the perl script."""
     tok = MosesTokenizer(lang=lang)
-    return [line if not line.strip() else tok.tokenize(line, escape=True, return_str=True)
+    return [line if not line.strip() else tok.tokenize(line, aggressive_dash_splits=aggressive_dash_splits,
+                                                       escape=True, return_str=True)
             for line in lines]
 
 
@@ -39,6 +43,15 @@ def moses_normalize(lines: Iterable[str], lang: str) -> list[str]:
     """normalize-punctuation.perl -l LANG (quotes, dashes, spaces around punctuation)."""
     norm = MosesPunctNormalizer(lang=lang)
     return [norm.normalize(line) for line in lines]
+
+
+def remove_non_printing(lines: Iterable[str]) -> list[str]:
+    """remove-non-printing-char.perl: every character of Unicode category C (control, format,
+    surrogate, private use, unassigned) becomes a space. Lines that are all printable (nearly
+    all) are passed through without looking at each character."""
+    return [line if line.isprintable() else
+            "".join(" " if unicodedata.category(c)[0] == "C" else c for c in line)
+            for line in lines]
 
 
 def tokenize_raw(lines: Iterable[str], lang: str) -> list[str]:

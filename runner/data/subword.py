@@ -18,7 +18,7 @@ import gzip
 import io
 import json
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 from subword_nmt.apply_bpe import BPE as _SubwordNmtBPE
 
@@ -135,6 +135,58 @@ def learn_bpe(lines: Iterable[str], num_merges: int, min_frequency: int = 2) -> 
     if not merges:
         raise BPEError(f"no symbol pair occurs {min_frequency} or more times in the "
                        f"{len(lines)} training lines, so no BPE can be learned (use data.bpe=none)")
+    out = [CODES_HEADER]
+    for merge in merges[:num_merges]:
+        a, b = merge if isinstance(merge, list) else merge.split(" ")
+        out.append(f"{unmark(a)} {unmark(b)}\n")
+    return SubwordNmtCodes("".join(out), source=f"<learned {len(out) - 1} merges>")
+
+
+def learn_bpe_from_counts(counts: Mapping[str, int], num_merges: int, min_frequency: int = 2,
+                          repeat: int = 1024) -> SubwordNmtCodes:
+    """`learn_bpe` on a word-frequency table instead of the text: the same merges (they depend
+    only on how often each word occurs), without holding millions of lines (WMT'14). Each word
+    is marked once; the trainer gets it `count` times, at most `repeat` copies per string."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: PLC0415 (+1.4 s at import; only learning a BPE needs it)
+
+    if num_merges < 1:
+        raise BPEError(f"bpe_merges must be >= 1, got {num_merges}")
+    words = [w for w, n in counts.items() if w and n > 0]
+    finals = {w[-1] for w in words}
+    chars: set[str] = set()
+    for w in words:
+        chars.update(w)
+    clash = [c for c in chars if _PUA_START <= ord(c) <= _PUA_END]
+    if clash:
+        raise BPEError(f"text contains private-use characters (e.g. U+{ord(clash[0]):05X}) "
+                       "that the BPE learner reserves")
+    if len(finals) > _PUA_END - _PUA_START + 1:
+        raise BPEError("too many distinct word-final characters for the BPE learner")
+    to_pua = {c: chr(_PUA_START + i) for i, c in enumerate(sorted(finals))}
+    from_pua = {p: c + END_OF_WORD for c, p in to_pua.items()}
+    initial = {c for w in words for c in w[:-1]} | set(to_pua.values())
+
+    def repeated() -> Iterator[str]:
+        for w in words:
+            marked, n = w[:-1] + to_pua[w[-1]] + " ", counts[w]
+            while n > 0:
+                k = min(n, repeat)
+                yield marked * k
+                n -= k
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.BpeTrainer(vocab_size=len(initial) + num_merges, min_frequency=min_frequency,
+                                  show_progress=False, special_tokens=[])
+    tokenizer.train_from_iterator(repeated(), trainer)
+    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+
+    def unmark(symbol: str) -> str:
+        return symbol[:-1] + from_pua[symbol[-1]] if symbol and symbol[-1] in from_pua else symbol
+
+    if not merges:
+        raise BPEError(f"no symbol pair occurs {min_frequency} or more times in the "
+                       f"{len(words)} distinct training words, so no BPE can be learned")
     out = [CODES_HEADER]
     for merge in merges[:num_merges]:
         a, b = merge if isinstance(merge, list) else merge.split(" ")

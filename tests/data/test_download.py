@@ -3,20 +3,16 @@ generated files (the internet is never touched): full download, resume with a Ra
 after a cut connection, SHA-256 mismatch, 404, an unreachable host, unsafe archives, and
 `data prepare` downloading when --raw is not given."""
 import gzip
-import hashlib
-import http.server
-import io
 import json
 import os
-import re
 import socket
-import tarfile
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from http_files import FileServer, sha256
+from http_files import tgz as _tgz
 
 import runner.data.download as dl
 from runner.cli import main as deepinit_main
@@ -24,62 +20,6 @@ from runner.cli.data import main as main_data
 from runner.data.corpus import read_lines
 from runner.data.download import DownloadError, RemoteCorpus, RemoteFile, download, fetch_file, safe_unpack
 from runner.data.prepare import prepare_iwslt14
-
-
-class FileServer:
-    """http.server in a thread. `files` maps a path ("/name") to bytes; Range requests
-    (bytes=N-) get 206; a path in `cut_once` sends its full Content-Length but only half the
-    body the first time, then closes the connection. `log` keeps (path, Range header)."""
-
-    def __init__(self):
-        self.files: dict[str, bytes] = {}
-        self.cut_once: set[str] = set()
-        self.log: list[tuple[str, str | None]] = []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                server.log.append((self.path, self.headers.get("Range")))
-                data = server.files.get(self.path)
-                if data is None:
-                    self.send_error(404, "Not Found")
-                    return
-                start, status = 0, 200
-                m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
-                if m:
-                    start, status = int(m.group(1)), 206
-                    if start >= len(data):
-                        self.send_response(416)
-                        self.send_header("Content-Range", f"bytes */{len(data)}")
-                        self.send_header("Content-Length", "0")
-                        self.end_headers()
-                        return
-                body = data[start:]
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("ETag", '"v1"')
-                if status == 206:
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                self.end_headers()
-                if self.path in server.cut_once:
-                    server.cut_once.discard(self.path)
-                    self.wfile.write(body[: len(body) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture
@@ -96,10 +36,6 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.delenv(dl.MIRROR_ENV, raising=False)
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
@@ -108,20 +44,6 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _tgz(members: dict[str, bytes], symlinks: dict[str, str] = {}) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        for name, target in symlinks.items():
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tar.addfile(info)
-    return buf.getvalue()
 
 
 # ---- fetching ------------------------------------------------------------------------------
@@ -293,10 +215,13 @@ def test_prepare_multi30k_without_raw_downloads_first(server, tmp_path, monkeypa
     by_name = {r["file"]: r for r in prep["downloads"]}
     assert by_name["val.en.gz"]["sha256"] == sha256(server.files["/val.en.gz"])
     assert all(r["verified"] for r in prep["downloads"])
-    capsys.readouterr()
-    assert main_data(["prepare", "wmt14-en-de"]) == 2
+    capsys.readouterr()  # wmt14-en-de is prepared too, so it downloads first (here: nothing answers)
+    url = f"http://127.0.0.1:{closed_port()}"
+    assert main_data(["prepare", "wmt14-en-de", "--mirror", url, "--out", str(tmp_path / "w"),
+                      "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "not implemented" in err and "data download wmt14-en-de" in err
+    assert len(err.splitlines()) == 1 and "could not download training-parallel-europarl-v7.tgz" in err
+    assert f"{url}/training-parallel-europarl-v7.tgz (connection refused)" in err
 
 
 def _iwslt_tgz() -> bytes:
