@@ -93,8 +93,6 @@ def learn_bpe(lines: Iterable[str], num_merges: int, min_frequency: int = 2) -> 
     """Learn `num_merges` joint BPE merges with HuggingFace `tokenizers` from tokenized text
     (words are whitespace-separated). Deterministic; no network. `min_frequency=2` is
     subword-nmt's default stopping rule, so fewer merges are learned when pairs run out."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: PLC0415 (+1.4 s at import; only learning a BPE needs it)
-
     if num_merges < 1:
         raise BPEError(f"bpe_merges must be >= 1, got {num_merges}")
     lines = lines if isinstance(lines, list) else list(lines)
@@ -104,14 +102,7 @@ def learn_bpe(lines: Iterable[str], num_merges: int, min_frequency: int = 2) -> 
         for word in line.split():
             finals.add(word[-1])
             chars.update(word)
-    clash = [c for c in chars if _PUA_START <= ord(c) <= _PUA_END]
-    if clash:
-        raise BPEError(f"text contains private-use characters (e.g. U+{ord(clash[0]):05X}) "
-                       "that the BPE learner reserves")
-    if len(finals) > _PUA_END - _PUA_START + 1:
-        raise BPEError("too many distinct word-final characters for the BPE learner")
-    to_pua = {c: chr(_PUA_START + i) for i, c in enumerate(sorted(finals))}
-    from_pua = {p: c + END_OF_WORD for c, p in to_pua.items()}
+    to_pua, from_pua = _final_marks(finals, chars)
 
     def mark(line: str) -> str:
         return " ".join(w[:-1] + to_pua[w[-1]] for w in line.split())
@@ -122,24 +113,8 @@ def learn_bpe(lines: Iterable[str], num_merges: int, min_frequency: int = 2) -> 
 
     # Initial symbols: characters seen before the end of a word plus the marked finals.
     initial = {c for line in lines for w in line.split() for c in w[:-1]} | set(to_pua.values())
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.BpeTrainer(vocab_size=len(initial) + num_merges, min_frequency=min_frequency,
-                                  show_progress=False, special_tokens=[])
-    tokenizer.train_from_iterator(marked(), trainer, length=len(lines))
-    merges = json.loads(tokenizer.to_str())["model"]["merges"]
-
-    def unmark(symbol: str) -> str:
-        return symbol[:-1] + from_pua[symbol[-1]] if symbol and symbol[-1] in from_pua else symbol
-
-    if not merges:
-        raise BPEError(f"no symbol pair occurs {min_frequency} or more times in the "
-                       f"{len(lines)} training lines, so no BPE can be learned (use data.bpe=none)")
-    out = [CODES_HEADER]
-    for merge in merges[:num_merges]:
-        a, b = merge if isinstance(merge, list) else merge.split(" ")
-        out.append(f"{unmark(a)} {unmark(b)}\n")
-    return SubwordNmtCodes("".join(out), source=f"<learned {len(out) - 1} merges>")
+    return _train_codes(marked(), len(lines), len(initial), from_pua, num_merges, min_frequency,
+                        f"{len(lines)} training lines, so no BPE can be learned (use data.bpe=none)")
 
 
 def learn_bpe_from_counts(counts: Mapping[str, int], num_merges: int, min_frequency: int = 2,
@@ -147,23 +122,13 @@ def learn_bpe_from_counts(counts: Mapping[str, int], num_merges: int, min_freque
     """`learn_bpe` on a word-frequency table instead of the text: the same merges (they depend
     only on how often each word occurs), without holding millions of lines (WMT'14). Each word
     is marked once; the trainer gets it `count` times, at most `repeat` copies per string."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: PLC0415 (+1.4 s at import; only learning a BPE needs it)
-
     if num_merges < 1:
         raise BPEError(f"bpe_merges must be >= 1, got {num_merges}")
     words = [w for w, n in counts.items() if w and n > 0]
-    finals = {w[-1] for w in words}
     chars: set[str] = set()
     for w in words:
         chars.update(w)
-    clash = [c for c in chars if _PUA_START <= ord(c) <= _PUA_END]
-    if clash:
-        raise BPEError(f"text contains private-use characters (e.g. U+{ord(clash[0]):05X}) "
-                       "that the BPE learner reserves")
-    if len(finals) > _PUA_END - _PUA_START + 1:
-        raise BPEError("too many distinct word-final characters for the BPE learner")
-    to_pua = {c: chr(_PUA_START + i) for i, c in enumerate(sorted(finals))}
-    from_pua = {p: c + END_OF_WORD for c, p in to_pua.items()}
+    to_pua, from_pua = _final_marks({w[-1] for w in words}, chars)
     initial = {c for w in words for c in w[:-1]} | set(to_pua.values())
 
     def repeated() -> Iterator[str]:
@@ -174,19 +139,41 @@ def learn_bpe_from_counts(counts: Mapping[str, int], num_merges: int, min_freque
                 yield marked * k
                 n -= k
 
+    return _train_codes(repeated(), None, len(initial), from_pua, num_merges, min_frequency,
+                        f"{len(words)} distinct training words, so no BPE can be learned")
+
+
+def _final_marks(finals: set[str], chars: set[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Word-final characters to private-use stand-ins (so the trainer learns end-of-word merges)
+    and back to subword-nmt's "c</w>"; rejects text that already uses those code points."""
+    clash = [c for c in chars if _PUA_START <= ord(c) <= _PUA_END]
+    if clash:
+        raise BPEError(f"text contains private-use characters (e.g. U+{ord(clash[0]):05X}) "
+                       "that the BPE learner reserves")
+    if len(finals) > _PUA_END - _PUA_START + 1:
+        raise BPEError("too many distinct word-final characters for the BPE learner")
+    to_pua = {c: chr(_PUA_START + i) for i, c in enumerate(sorted(finals))}
+    return to_pua, {p: c + END_OF_WORD for c, p in to_pua.items()}
+
+
+def _train_codes(texts: Iterator[str], length: int | None, initial: int, from_pua: Mapping[str, str],
+                 num_merges: int, min_frequency: int, empty: str) -> SubwordNmtCodes:
+    """Learn merges with the tokenizers trainer on marked text; subword-nmt codes of the first
+    `num_merges`. `empty` ends the error when no pair is frequent enough."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: PLC0415 (+1.4 s at import; only learning a BPE needs it)
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.BpeTrainer(vocab_size=len(initial) + num_merges, min_frequency=min_frequency,
+    trainer = trainers.BpeTrainer(vocab_size=initial + num_merges, min_frequency=min_frequency,
                                   show_progress=False, special_tokens=[])
-    tokenizer.train_from_iterator(repeated(), trainer)
+    tokenizer.train_from_iterator(texts, trainer, length=length)
     merges = json.loads(tokenizer.to_str())["model"]["merges"]
 
     def unmark(symbol: str) -> str:
         return symbol[:-1] + from_pua[symbol[-1]] if symbol and symbol[-1] in from_pua else symbol
 
     if not merges:
-        raise BPEError(f"no symbol pair occurs {min_frequency} or more times in the "
-                       f"{len(words)} distinct training words, so no BPE can be learned")
+        raise BPEError(f"no symbol pair occurs {min_frequency} or more times in the {empty}")
     out = [CODES_HEADER]
     for merge in merges[:num_merges]:
         a, b = merge if isinstance(merge, list) else merge.split(" ")
