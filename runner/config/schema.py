@@ -242,6 +242,9 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda
     devices: int = 1  # DDP processes (torchrun or submitit tasks)
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
+    # fp16: a run whose loss scale falls below this has diverged (its gradients overflow on
+    # every update); fairseq's --min-loss-scale default (fairseq/optim/dynamic_loss_scaler.py)
+    min_loss_scale: float = 1e-4
     compile: bool = False
     threads: int = 0  # CPU threads; 0 = torch's default
     # training skips the padding in position-wise layers (runner/model/packing.py); null: on

@@ -87,6 +87,8 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"{key}={value}: expected a value in [0, 1)")
     if optim.lr <= 0:
         raise ConfigError(f"optim.lr={optim.lr}: expected a positive learning rate")
+    if not trainer.min_loss_scale > 0:
+        raise ConfigError(f"trainer.min_loss_scale={trainer.min_loss_scale}: expected a positive number")
     for key in ("optim.beta1", "optim.beta2"):
         value = _get(cfg, key)
         if not 0.0 <= value < 1.0:

@@ -37,22 +37,6 @@ LOSS, BACKWARD = "loss", "backward"
 ATTENTION_KINDS = ("self_attn", "cross_attn")
 
 
-def overflowed(previous_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """1 when the GradScaler's scale dropped over an update (its gradients overflowed and the
-    optimizer step was skipped), else 0; growth and no change are 0. On the device."""
-    return (scale < previous_scale).long()
-
-
-def current_scale(scaler: torch.amp.GradScaler) -> Optional[torch.Tensor]:
-    """The scaler's scale as a device tensor without a host sync; the initial scale before the
-    first update (the scaler creates its tensor lazily). None when the scaler is off."""
-    if not scaler.is_enabled():
-        return None
-    if scaler._scale is not None:  # noqa: SLF001 (get_scale() would sync the host every update)
-        return scaler._scale.detach().clone()
-    return torch.tensor(scaler.get_scale())
-
-
 def attention_stats(logits: torch.Tensor, allowed: Optional[torch.Tensor],
                     query_keep: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per head, over the real queries (query_keep (B, Tq), True = real; None = all): the sum of
@@ -98,8 +82,6 @@ class Telemetry(Callback):
         self.ids_cache: dict[tuple[int, ...], torch.Tensor] = {}
         self.first_update: Optional[torch.Tensor] = None  # device ints, -1 until found
         self.first_where: Optional[torch.Tensor] = None
-        self.overflows: Optional[torch.Tensor] = None
-        self.previous_scale: Optional[torch.Tensor] = None
         self.measure_handles: list = []
         self.handles = [model.register_forward_pre_hook(self._batch, with_kwargs=True)]
         for index, (side, module) in enumerate((("encoder", model.encoder.embedder),
@@ -150,8 +132,6 @@ class Telemetry(Callback):
     def on_step_start(self, trainer: Trainer) -> None:
         self.watching = True
         self.calls, self.flags = [], []
-        if self.fp16:
-            self.previous_scale = current_scale(trainer.scaler)
         if (trainer.state.step + 1) % self.interval == 0:
             self._start_measuring(trainer.device)
 
@@ -172,10 +152,6 @@ class Telemetry(Callback):
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
         self.watching = False
         self._locate(trainer, out)
-        if self.fp16 and self.previous_scale is not None:
-            scale = current_scale(trainer.scaler)
-            step_overflow = overflowed(self.previous_scale.to(scale.device), scale)
-            self.overflows = step_overflow if self.overflows is None else self.overflows + step_overflow
         if self.measuring:
             self.measuring = False
             for handle in self.measure_handles:
@@ -216,10 +192,9 @@ class Telemetry(Callback):
                   "sublayers": self.names,
                   "max_abs": [float(v) for v in self.max_abs],
                   "attn_entropy": entropy, "attn_max_logit": max_logit}
-        if self.fp16:
-            scale = current_scale(trainer.scaler)
-            record["loss_scale"] = None if scale is None else float(scale)
-            record["overflows"] = 0 if self.overflows is None else int(self.overflows)
+        if trainer.loss_scale is not None:  # fp16 (runner/train/loss_scale.py)
+            record["loss_scale"] = trainer.loss_scale.scale()
+            record["overflows"] = trainer.loss_scale.overflow_count()
         return record
 
     def first_nonfinite(self) -> Optional[dict]:

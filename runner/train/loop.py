@@ -22,6 +22,7 @@ import torch.distributed as dist
 from runner.console import log, progress_bar, track
 from runner.data.batching import Batch, collate, epoch_order
 from runner.model.loss import label_smoothed_nll
+from runner.train.loss_scale import LossScaleMonitor
 from runner.train.optim import set_lr
 from runner.train.schedule import lr_at
 
@@ -139,6 +140,9 @@ class Trainer:
         self.stream = batch_stream(parts.batches, self.cfg.trainer.seed, self.state.pos)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(parts.precision)
         self.scaler = torch.amp.GradScaler("cuda", enabled=parts.precision == "fp16")
+        # fp16 only: overflow count and the min-scale stop (runner/train/loss_scale.py)
+        self.loss_scale = (LossScaleMonitor(self.scaler, self.cfg.trainer.min_loss_scale)
+                           if self.scaler.is_enabled() else None)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         clip = self.cfg.optim.clip_norm
         self.max_norm = clip if clip > 0 else float("inf")
@@ -210,7 +214,11 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         self.scaler.step(self.optimizer)
+        if self.loss_scale is not None:
+            self.loss_scale.before_update()
         self.scaler.update()
+        if self.loss_scale is not None:
+            self.loss_scale.after_update()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         if self.parts.update_hook is not None:
@@ -274,6 +282,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
+            "overflows": self.loss_scale.overflow_count() if self.loss_scale is not None else 0,
             "schedule": {"step": s.step},  # the lr is a pure function of the step
             "step": s.step, "epoch": s.pos.epoch, "epoch_index": s.pos.index,
             "best_valid_loss": s.best_valid_loss, "best_valid_nll": s.best_valid_nll,
@@ -289,6 +298,8 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
+        if self.loss_scale is not None:
+            self.loss_scale.load_state_dict({"overflows": state.get("overflows", 0)})
         s = self.state
         s.step = state["step"]
         s.pos.epoch, s.pos.index = state["epoch"], state["epoch_index"]
@@ -313,7 +324,7 @@ class Trainer:
         outcome = Outcome()
         window = TrainWindow(self.device)
         monitor = DivergenceMonitor(self.device, s.bad_streak, t.divergence.loss_bound,
-                                    t.divergence.patience)
+                                    t.divergence.patience, self.loss_scale)
         self.model.train()
         lr = lr_at(s.step, cfg)
         with progress_bar(t.progress if self.is_main else False) as progress:
@@ -389,6 +400,9 @@ class TrainWindow:
             "tokens_per_s": self.tokens / max(self.seconds, 1e-9),
             "wall_s": trainer.wall_s(),
         }
+        if trainer.loss_scale is not None:  # fp16: what fairseq logs as loss_scale
+            record["loss_scale"] = trainer.loss_scale.scale()
+            record["overflows"] = trainer.loss_scale.overflow_count()
         self.loss.zero_(); self.nll.zero_(); self.grad_norm.zero_()
         self.tokens, self.updates, self.seconds = 0, 0, 0.0
         return record
@@ -397,16 +411,20 @@ class TrainWindow:
 class DivergenceMonitor:
     """A run diverges when its loss becomes non-finite, or stays above `bound` nats per token for
     `patience` consecutive updates (trainer.divergence). Counted on the device; checked every
-    trainer.divergence.check_interval updates, when the ranks agree."""
+    trainer.divergence.check_interval updates, when the ranks agree. With fp16 loss scaling a
+    non-finite loss is an overflow the scaler skips, not a divergence; the run diverges when the
+    scale falls below trainer.min_loss_scale instead (runner/train/loss_scale.py)."""
 
-    def __init__(self, device: torch.device, bad_streak: float, bound: float, patience: int):
-        self.bound, self.patience = bound, patience
+    def __init__(self, device: torch.device, bad_streak: float, bound: float, patience: int,
+                 loss_scale: Optional[LossScaleMonitor] = None):
+        self.bound, self.patience, self.loss_scale = bound, patience, loss_scale
         self.streak = torch.tensor(bad_streak, device=device)
         self.max_streak = torch.zeros((), device=device)
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)
 
     def add(self, loss_per_token: torch.Tensor) -> None:
-        self.nonfinite |= ~torch.isfinite(loss_per_token)
+        if self.loss_scale is None:
+            self.nonfinite |= ~torch.isfinite(loss_per_token)
         self.streak = (self.streak + 1) * (loss_per_token > self.bound)
         self.max_streak = torch.maximum(self.max_streak, self.streak)
 
@@ -423,4 +441,8 @@ class DivergenceMonitor:
             return Outcome("diverged", "non-finite loss (nan/inf)", step)
         if float(self.max_streak) >= self.patience:
             return Outcome("diverged", f"loss above {self.bound} for {self.patience} consecutive updates", step)
+        if self.loss_scale is not None and self.loss_scale.collapsed():
+            return Outcome("diverged", f"fp16 loss scale {self.loss_scale.scale():.3g} fell below "
+                                       f"trainer.min_loss_scale={self.loss_scale.min_scale:g} "
+                                       f"({self.loss_scale.overflow_count()} updates overflowed)", step)
         return Outcome()
