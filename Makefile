@@ -11,7 +11,7 @@ TORCH ?= torch
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast train clean help
+.PHONY: setup test test-fast test-cuda train clean help
 
 help:
 	@sed -n '2,8p' Makefile
@@ -40,6 +40,11 @@ test: $(INSTALLED)
 
 test-fast: $(INSTALLED)
 	OMP_NUM_THREADS=1 $(DATA_ENV) $(BIN)/python -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+
+# The CUDA checks (tests/test_cuda.py; they skip without a GPU): bf16/fp16 steps, fused Adam,
+# SDPA kernels, torch.compile, resume, beam search against the CPU's.
+test-cuda: $(INSTALLED)
+	$(DATA_ENV) $(BIN)/python -m pytest -m cuda -v -s tests/test_cuda.py $(PYTEST_ARGS)
 
 train: $(INSTALLED)
 	$(BIN)/deepinit train

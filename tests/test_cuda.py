@@ -1,0 +1,191 @@
+"""The CUDA path on a real GPU: bf16 and fp16 training, the fused optimizer, the SDPA kernels
+actually used, torch.compile, checkpoint and resume, and beam search against the CPU's.
+
+Marked `cuda` and skipped without a GPU, so CI (CPU only) stays green: `pytest -m cuda` on a GPU
+machine runs them (`make test-cuda`). `DEEPINIT_CUDA_TEST_DEVICE=cpu pytest -m cuda
+tests/test_cuda.py` runs the device-agnostic ones on the CPU, which checks this file's own code
+on a machine without a GPU; the CUDA-only checks then skip.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY, compose
+
+from runner.run.build import build_run
+from runner.run.evaluate import evaluate_run
+from runner.run.train import train
+from runner.train.loop import Trainer
+
+DEVICE = os.environ.get("DEEPINIT_CUDA_TEST_DEVICE", "cuda")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+# 20 updates of the CI model on the toy task, logged every 5: small enough to run in seconds
+RUN = [*TINY, f"trainer.device={DEVICE}", "trainer.max_updates=20", "trainer.log_interval=5",
+       "trainer.valid_interval=10", "trainer.save_interval=10", "model.dropout=0.0"]
+
+
+def cuda_only() -> None:
+    if DEVICE != "cuda":
+        pytest.skip("a CUDA-only check")
+
+
+def train_losses(tmp: Path, name: str, extra: list[str]) -> tuple[dict, list[dict]]:
+    cfg = compose([*RUN, *extra])
+    result = train(cfg, tmp / name)
+    rows = [json.loads(line) for line in (tmp / name / "metrics.jsonl").read_text().splitlines()]
+    return result, [r for r in rows if r["split"] == "train"]
+
+
+def test_bf16_training_follows_fp32(tmp_path):
+    fp32, rows32 = train_losses(tmp_path, "fp32", ["trainer.precision=fp32"])
+    bf16, rows16 = train_losses(tmp_path, "bf16", ["trainer.precision=bf16"])
+    assert fp32["status"] == bf16["status"] == "ok"
+    assert bf16["precision"] == "bf16"
+    assert [r["step"] for r in rows16] == [5, 10, 15, 20]
+    for a, b in zip(rows32, rows16):
+        # bf16 keeps 8 bits of mantissa: over 20 updates the loss may drift by a few hundredths
+        # of a nat out of ~5; a wrong cast or a lost update shows as tenths
+        assert abs(a["loss"] - b["loss"]) < 0.05, (a["step"], a["loss"], b["loss"])
+    assert rows16[-1]["loss"] < rows16[0]["loss"] - 0.2  # it trains
+
+
+def test_fp16_training_with_loss_scaling(tmp_path):
+    cuda_only()
+    fp32, rows32 = train_losses(tmp_path, "fp32", ["trainer.precision=fp32"])
+    fp16, rows16 = train_losses(tmp_path, "fp16", ["trainer.precision=fp16"])
+    assert fp16["status"] == "ok" and fp16["precision"] == "fp16"
+    for a, b in zip(rows32, rows16):
+        assert abs(a["loss"] - b["loss"]) < 0.02, (a["step"], a["loss"], b["loss"])  # 11-bit mantissa
+        # the scale is logged on every train line and has not collapsed (the fairseq failure)
+        assert b["loss_scale"] >= 1.0 and b["overflows"] <= 5, b
+    assert rows16[-1]["loss"] < rows16[0]["loss"] - 0.2
+
+
+def test_fp16_scale_collapse_is_reported_as_divergence(tmp_path):
+    cuda_only()
+    # a huge SGD step makes every later fp16 forward overflow: each update is skipped and the
+    # scale halves, from 65536 below 1e-4 in 30 updates
+    result, rows = train_losses(tmp_path, "collapse", [
+        "trainer.precision=fp16", "optim=sgd", "optim.lr=1e9", "warmup=none", "schedule=constant",
+        "trainer.max_updates=100", "trainer.divergence.check_interval=1",
+        "trainer.divergence.patience=1000"])
+    assert result["status"] == "diverged", result
+    assert "trainer.min_loss_scale" in result["reason"]
+    assert 25 <= result["diverged_step"] <= 40
+    assert rows[-1]["loss_scale"] < 1e-4 and rows[-1]["overflows"] >= 25
+
+
+def test_fused_adam_matches_foreach(tmp_path):
+    fused, rows_f = train_losses(tmp_path, "fused", ["trainer.precision=fp32", "optim.fused=true"])
+    plain, rows_p = train_losses(tmp_path, "foreach", ["trainer.precision=fp32", "optim.fused=false"])
+    parts = build_run(compose([*RUN, "trainer.precision=fp32"]))
+    assert parts.optimizer.defaults["fused"] is True  # optim.fused=null: fused where it runs
+    for a, b in zip(rows_f, rows_p):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), a["step"]
+
+
+def _one_step_ops(extra: list[str]) -> set[str]:
+    """The profiler's op names of one bf16 training update."""
+    parts = build_run(compose([*RUN, "trainer.precision=bf16", *extra]))
+    trainer = Trainer(parts)
+    trainer.step()  # warm-up (lazy inits)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        trainer.step()
+        torch.cuda.synchronize()
+    return {e.key for e in prof.key_averages()}
+
+
+def test_sdpa_runs_flash_or_memory_efficient_kernels():
+    cuda_only()
+    ops = _one_step_ops([])
+    fast = {op for op in ops if "_scaled_dot_product" in op and
+            any(k in op for k in ("flash", "efficient", "cudnn"))}
+    assert fast, sorted(op for op in ops if "scaled_dot" in op)
+    assert not any("scaled_dot_product_attention_math" in op for op in ops)
+
+
+def test_unpadded_batches_run_under_the_flash_kernel_alone():
+    cuda_only()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    parts = build_run(compose([*RUN, "trainer.precision=bf16"]))
+    model = parts.model
+    # equal-length sentences: no padding mask anywhere, the decoder's self-attention is_causal;
+    # sdpa raises "No available kernel" if any call needed a mask or the math fallback
+    src = torch.randint(4, 100, (8, 12), device="cuda")
+    prev = torch.randint(4, 100, (8, 10), device="cuda")
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(src, prev, False)
+    logits.float().sum().backward()
+    assert torch.isfinite(logits).all()
+
+
+def test_compile_matches_eager_and_stops_recompiling(tmp_path):
+    cuda_only()
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    eager, rows_e = train_losses(tmp_path, "eager", ["trainer.precision=fp32",
+                                                     "trainer.max_updates=40"])
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = compose([*RUN, "trainer.precision=fp32", "trainer.max_updates=40", "trainer.compile=true"])
+    parts = build_run(cfg)
+    trainer = Trainer(parts)
+    for _ in range(20):  # warm-up: the batch shapes seen so far make dims dynamic
+        trainer.step()
+    graphs_after_warmup = counters["stats"]["unique_graphs"]
+    losses = []
+    for _ in range(20):
+        losses.append(float(trainer.step().loss_per_token))
+    recompiles = counters["stats"]["unique_graphs"] - graphs_after_warmup
+    print(f"compiled graphs after 20 warm-up updates: {graphs_after_warmup}; "
+          f"new graphs in the next 20: {recompiles}; graph breaks: {dict(counters['graph_break'])}")
+    assert graphs_after_warmup > 0  # it compiled (compile errors fall back to eager silently)
+    assert recompiles == 0
+    # the same 40 updates eagerly (dropout off: compiled dropout draws other random numbers)
+    eager_last = rows_e[-1]["loss"]  # mean over updates 36-40
+    assert sum(losses[-5:]) / 5 == pytest.approx(eager_last, rel=2e-3)
+
+
+def test_checkpoint_on_gpu_resumes_and_loads_on_cpu(tmp_path):
+    common = [*RUN, "trainer.save_interval=10", "model.dropout=0.1",
+              f"trainer.precision={'bf16' if DEVICE == 'cuda' else 'fp32'}"]
+    a = train(compose([*common, "trainer.max_updates=40"]), tmp_path / "whole")
+    split = tmp_path / "split"
+    train(compose([*common, "trainer.max_updates=20"]), split)
+    (split / "result.json").unlink()  # as if killed after its update-20 checkpoint
+    b = train(compose([*common, "trainer.max_updates=40"]), split)
+    assert b["resumed"] is True and a["updates"] == b["updates"] == 40
+    # CUDA's embedding backward adds with atomics (not bit-reproducible), hence a tolerance
+    assert b["train_loss"] == pytest.approx(a["train_loss"], abs=2e-3)
+    assert b["valid_loss"] == pytest.approx(a["valid_loss"], abs=2e-3)
+    # the GPU's checkpoint decodes on the CPU (weights_only load, mapped to the CPU)
+    record = evaluate_run(split, beam=2, average_last=0, device="cpu", update_result=False)
+    assert record["sentences"] == 50 and record["device"] == "cpu"
+
+
+def test_beam_search_on_gpu_gives_the_cpu_hypotheses(tmp_path):
+    run = tmp_path / "run"
+    cfg = compose([*TINY, "trainer.device=cpu", "trainer.max_updates=150", "trainer.threads=1",
+                   "trainer.valid_interval=0", "trainer.save_interval=0"])
+    assert train(cfg, run)["status"] == "ok"
+    cpu = evaluate_run(run, beam=5, average_last=0, device="cpu", update_result=False)
+    cpu_hyps = (run / "eval" / "test.hyp").read_text().splitlines()
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 matmuls on both sides
+    gpu = evaluate_run(run, beam=5, average_last=0, device=DEVICE, update_result=False)
+    gpu_hyps = (run / "eval" / "test.hyp").read_text().splitlines()
+    assert gpu["device"].startswith(DEVICE)
+    differing = [i for i, (a, b) in enumerate(zip(cpu_hyps, gpu_hyps)) if a != b]
+    assert len(cpu_hyps) == len(gpu_hyps) == 50
+    assert not differing, [(cpu_hyps[i], gpu_hyps[i]) for i in differing[:3]]
+    assert gpu["bleu"] == cpu["bleu"]
