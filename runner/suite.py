@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from runner.console import console
@@ -235,6 +236,9 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> 
                              "best valid loss", "slope", "CPU min"], arm_rows(cells)), "",
              "slope: change of the validation loss per 1,000 updates over each run's last 400 "
              "updates (mean over the arm's ok seeds); near 0 when the curve has flattened.", "",
+             *([f"heatmap.png: per {' '.join(grid_axes(preset))} setting, the mean best validation "
+                "loss of the ok seeds and how many seeds diverged or stalled.", ""]
+               if grid_axes(preset) else []),
              "## Claims (rules written in the preset before the run)", "",
              "A verdict is final once every cell of the arms it compares has a record; until then "
              "it reads \"incomplete\". A claim marked † was added later, for the reason given "
@@ -279,9 +283,100 @@ def plot_curves(cells: Sequence[SuiteCell], path: Path) -> Optional[Path]:
     return path
 
 
+def grid_axes(preset: str) -> Optional[tuple[str, str]]:
+    """(x, y) when the preset is a grid: exactly two swept nuisance axes besides the seed (the
+    Admin no-warmup figure's lr x beta2, per method); None otherwise."""
+    axes = [norm_key(a) for a in ((load_preset(preset).get("sweep") or {}).get("nuisance") or [])
+            if norm_key(a) != SEED_AXIS]
+    return (axes[0], axes[1]) if len(axes) == 2 else None
+
+
+def _numeric_order(value: str) -> tuple:
+    try:
+        return (0, float(value), value)
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def grid_panels(cells: Sequence[SuiteCell], x: str, y: str) -> dict[str, dict]:
+    """Per arm of the other axes (e.g. per method): the x and y values, the mean best validation
+    loss over the ok seeds of each (y, x) setting (NaN when none), and its label: the mean, or
+    how many seeds diverged / stalled, or "-" when no seed has run."""
+    panels: dict[str, dict] = {}
+    xs = sorted({c.arm[x] for c in cells}, key=_numeric_order)
+    ys = sorted({c.arm[y] for c in cells}, key=_numeric_order)
+    for cell in cells:
+        name = " ".join(f"{k}={v}" for k, v in cell.arm.items() if k not in (x, y)) or "all"
+        panel = panels.setdefault(name, {"xs": xs, "ys": ys, "records": {}})
+        if cell.record is not None:
+            panel["records"].setdefault((cell.arm[y], cell.arm[x]), []).append(cell.record)
+    for panel in panels.values():
+        values = [[math.nan] * len(xs) for _ in ys]
+        labels = [["-"] * len(xs) for _ in ys]
+        for (yv, xv), records in panel.pop("records").items():
+            i, j = ys.index(yv), xs.index(xv)
+            ok = [r["best_valid_loss"] for r in records
+                  if r["status"] == "ok" and r.get("best_valid_loss") is not None]
+            bad = [f"{sum(r['status'] == st for r in records)}/{len(records)} {word}"
+                   for st, word in (("diverged", "div"), ("stalled", "stall"))
+                   if any(r["status"] == st for r in records)]
+            if ok:
+                values[i][j] = sum(ok) / len(ok)
+            labels[i][j] = "\n".join(([f"{values[i][j]:.2f}"] if ok else []) + bad)
+        panel.update(values=values, labels=labels)
+    return panels
+
+
+def _short(value: str) -> str:
+    try:
+        return f"{float(value):g}"
+    except ValueError:
+        return value
+
+
+def plot_grid(preset: str, cells: Sequence[SuiteCell], path: Path) -> Optional[Path]:
+    """A grid preset's heatmaps, one panel per arm of the other axes on one colour scale: mean
+    best validation loss over the ok seeds, with the diverged and stalled seed counts."""
+    spec = grid_axes(preset)
+    if spec is None or not any(c.record for c in cells):
+        return None
+    import matplotlib  # noqa: PLC0415 (+0.5 s at import; only plots need it)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (see above)
+
+    x, y = spec
+    panels = grid_panels(cells, x, y)
+    finite = [v for p in panels.values() for row in p["values"] for v in row if math.isfinite(v)]
+    vmin, vmax = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.2, 3.4), squeeze=False,
+                             layout="constrained")
+    cmap = matplotlib.colormaps["viridis_r"].with_extremes(bad="#d9d9d9")  # lower loss: brighter
+    image = None
+    for ax, (name, panel) in zip(axes[0], panels.items()):
+        data = np.ma.masked_invalid(np.array(panel["values"], dtype=float))
+        image = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", origin="lower")
+        for i, row in enumerate(panel["labels"]):
+            for j, text in enumerate(row):
+                value = panel["values"][i][j]
+                r, g, b, _ = cmap((value - vmin) / ((vmax - vmin) or 1.0)) if math.isfinite(value) else (1, 1, 1, 1)
+                ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                        color="black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white")
+        ax.set_xticks(range(len(panel["xs"])), [_short(v) for v in panel["xs"]])
+        ax.set_yticks(range(len(panel["ys"])), panel["ys"])
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.set_title(name, fontsize=9)
+    fig.colorbar(image, ax=list(axes[0]), label="best valid loss (mean of ok seeds)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> Path:
     out = results_dir(target)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(render(target, title, preset, cells))
     plot_curves(cells, out / "curves.png")
+    plot_grid(preset, cells, out / "heatmap.png")
     return out / "report.md"

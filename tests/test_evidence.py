@@ -20,7 +20,9 @@ from runner.evidence import (
     judge,
     paired_difference,
     sign_test,
+    student_t_quantile,
     summarize,
+    t_mean_ci,
 )
 
 # --------------------------------------------------------------------------- statistics
@@ -258,6 +260,29 @@ def test_judge_better_reproduced_by_paired_ci():
     assert v.details["mean_diff"] == pytest.approx((1.0 + 1.0 + 0.8) / 3)
     assert 0.8 <= v.details["ci_low"] <= v.details["ci_high"] <= 1.0
     assert "over 3 paired seeds" in v.measured and "+0.93" in v.measured
+
+
+@pytest.mark.parametrize("df, table", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776),
+                                       (9, 2.262), (30, 2.042)])
+def test_student_t_quantile_matches_the_printed_table(df, table):
+    # two-sided 95% critical values as printed in Student's t tables (3 decimals)
+    assert student_t_quantile(0.975, df) == pytest.approx(table, abs=6e-4)
+
+
+def test_t_interval_by_hand_and_wider_than_the_bootstrap_at_three_seeds():
+    diffs = [1.0, 1.0, 0.8]
+    mean, sd = statistics.mean(diffs), statistics.stdev(diffs)
+    half = 4.302653 * sd / math.sqrt(3)
+    low, high = t_mean_ci(diffs)
+    assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-5)
+    b_low, b_high = bootstrap_mean_ci(diffs)
+    assert b_low == pytest.approx(0.8)  # with 3 values the 2.5% quantile is the smallest one
+    assert low < b_low and high > b_high
+    v = judge(BETTER, _recs(ADMIN, ["ok"] * 3, [30.0, 31.0, 32.0]) + _recs(PRELN, ["ok"] * 3, [29.0, 30.0, 31.2]))
+    assert v.verdict == "reproduced"  # the pre-registered rule: the bootstrap CI
+    assert v.details["pairs_favouring_a"] == 3
+    assert (v.details["t_ci_low"], v.details["t_ci_high"]) == pytest.approx((low, high))
+    assert "3 of 3 favour A" in v.measured and f"t interval [{low:+.2f}, {high:+.2f}]" in v.measured
 
 
 def test_judge_better_not_reproduced_and_inconclusive():

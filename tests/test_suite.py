@@ -43,6 +43,30 @@ def test_a_claim_added_later_is_marked_with_its_reason():
     assert "† post_ln_no_warmup_fails_to_train: after seed 1" in report
 
 
+def test_grid_heatmap_panels_and_png(tmp_path):
+    assert suite.grid_axes("reproduce_table2_real") is None
+    assert suite.grid_axes("reproduce_grid_real") == ("optim.lr", "optim.beta2")
+    cells = suite.plan("reproduce_grid_real")
+    assert len(cells) == 90
+    for cell in cells:
+        if cell.arm["optim.lr"] == "0.0002" and cell.arm["optim.beta2"] == "0.99":
+            if cell.arm["method"] == "pre_ln":
+                cell.record = {"status": "ok", "best_valid_loss": 3.0 + cell.seed}  # 4.0, 5.0
+            elif cell.arm["method"] == "post_ln":
+                cell.record = {"status": "diverged" if cell.seed == 1 else "ok", "best_valid_loss": 6.5}
+    panels = suite.grid_panels(cells, "optim.lr", "optim.beta2")
+    assert sorted(panels) == ["method=admin", "method=post_ln", "method=pre_ln"]
+    pre = panels["method=pre_ln"]
+    assert pre["xs"] == ["0.0002", "0.0004", "0.0006", "0.0008", "0.001"] and pre["ys"] == ["0.99", "0.995", "0.999"]
+    assert pre["values"][0][0] == 4.5 and pre["labels"][0][0] == "4.50"
+    assert pre["labels"][1][0] == "-" and pre["values"][1][0] != pre["values"][1][0]  # NaN: not run
+    post = panels["method=post_ln"]
+    assert post["values"][0][0] == 6.5 and post["labels"][0][0] == "6.50\n1/2 div"
+    assert suite.plot_grid("reproduce_grid_real", cells, tmp_path / "heatmap.png") == tmp_path / "heatmap.png"
+    assert (tmp_path / "heatmap.png").stat().st_size > 10_000
+    assert "heatmap.png: per optim.lr optim.beta2 setting" in suite.render("grid", "Grid", "reproduce_grid_real", cells)
+
+
 def test_curve_slope():
     assert suite.curve_slope([(200, 5.0), (400, 4.0), (600, 3.8), (800, 3.7)]) == pytest.approx(-0.75)
     assert suite.curve_slope([(200, 5.0)]) is None
