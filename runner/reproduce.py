@@ -594,7 +594,7 @@ TARGETS: dict[str, Target] = {
 # ----------------------------------------------------------------------------- paper-scale cost
 # GPU-hours of SCALE=paper on one H100 (docs/reproductions.md), estimated from model FLOPs until a
 # GPU has run the cells: per cell, max_updates x FLOPs per update / (peak x utilization). FLOPs
-# per update = runner/bench.py train_flops per target token (3x the forward, attention included)
+# per update = runner/bench train_flops per target token (3x the forward, attention included)
 # x the tokens of an update, taken as data.max_tokens x update_freq x devices (max_tokens counts
 # the longer side with padding, which a GPU computes too). Mean lengths and vocabularies: the
 # fairseq-preprocess logs of the two corpora (eos included).

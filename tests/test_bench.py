@@ -1,9 +1,11 @@
 """deepinit bench: a few updates of every path end to end (JSON contents, not timings), the
-model-FLOPs formula against torch's FLOP counter, and the peer ratio bookkeeping."""
+model-FLOPs formula against torch's FLOP counter, the peer ratio bookkeeping, and the
+plain-PyTorch reference (--reference): its model, its batches, its side-by-side report."""
 from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -154,3 +156,154 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert torch.equal(drop(x), y)  # masks come from torch's seeded generator
     drop.eval()
     assert drop(x) is x
+
+
+# ----------------------------------------------------------------------------- --reference
+@pytest.fixture(scope="module")
+def with_reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench-reference")
+    out = tmp / "bench.json"
+    rc = main_bench(["--quick", "--presets", "ci", "--depths", "--reference", "--reps", "2", "--no-decode",
+                     "--threads", "1", "--work", str(tmp / "work"), "--out", str(out)])
+    return rc, json.loads(out.read_text()), out.with_suffix(".md").read_text()
+
+
+def test_reference_side_by_side_report(with_reference):
+    rc, report, markdown = with_reference
+    assert rc == 0
+    assert [e["name"] for e in report["entries"]] == ["ci"]  # no depth entries, one preset entry
+    row = report["reference"]["ci"]
+    ours, refs = row["deepinit_runs"], row["reference_runs"]
+    assert len(ours) == len(refs) == 2
+    assert all(r["status"] == "ok" and "kind" not in r for r in ours)
+    assert all(r["status"] == "ok" and r["kind"] == "reference" for r in refs)
+    assert report["entries"][0]["windows"] == ours[0]["windows"]  # the preset table shows run 1
+    assert all(r["tokens_per_s"] > 0 for r in ours + refs)
+    tps = row["tokens_per_s"]
+    mine = statistics.median(r["tokens_per_s"] for r in ours)
+    theirs = statistics.median(r["tokens_per_s"] for r in refs)
+    assert tps["deepinit"] == pytest.approx(mine) and tps["reference"] == pytest.approx(theirs)
+    assert tps["ratio"] == pytest.approx(mine / theirs)
+    assert tps["target"] == 1.2
+    # same shapes on the same batches: the same model FLOPs per target token on both sides
+    flops = {r["flops_per_target_token"] for r in ours + refs}
+    assert len(flops) == 1
+    peak = report["peak"]["gflops"]
+    assert row["mfu"]["reference"] == pytest.approx(theirs * flops.pop() / 1e9 / peak)
+    ref = refs[0]
+    assert ref["device"] == "cpu" and ref["precision"] == "fp32" and math.isfinite(ref["train_loss"])
+    assert ref["peak_memory_mb"] > 0 and ref["memory_kind"] == "max_rss"
+    assert "| ci | 32-64-2, 2+2 fp32 |" in markdown.split("plain PyTorch")[1]
+
+
+def test_reference_trains_on_the_entrys_batches(with_reference):
+    """Run by run, the reference's timed windows hold exactly the target tokens of deepinit's."""
+    _, report, _ = with_reference
+    row = report["reference"]["ci"]
+    tokens = [[w["tokens"] for w in r["windows"]] for r in row["deepinit_runs"] + row["reference_runs"]]
+    assert len(tokens[0]) == 2 and all(t == tokens[0] for t in tokens)
+    for key in ("tokens_per_update", "padding_fraction"):
+        assert len({r[key] for r in row["deepinit_runs"] + row["reference_runs"]}) == 1
+
+
+def test_reference_batches_are_the_trainers_in_order():
+    """update_batches yields Trainer._next_batches' micro-batches, update by update, across an
+    epoch boundary and with gradient accumulation."""
+    from runner.bench.reference import update_batches
+    from runner.run.build import build_run
+    from runner.train.loop import Trainer
+    from tests.conftest import TINY, compose
+
+    parts = build_run(compose([*TINY, "data.toy.train_size=120", "data.max_tokens=256",
+                               "trainer.update_freq=2"]))
+    trainer = Trainer(parts)
+    mine = update_batches(parts)
+    updates = len(parts.batches) + 2  # two micro-batches each: past the first epoch
+    seen = []
+    for _ in range(updates):
+        batches, ntokens = trainer._next_batches()
+        indices, ours, our_tokens = next(mine)
+        assert our_tokens == ntokens and len(ours) == len(batches) == 2
+        for a, b in zip(ours, batches):
+            for field in ("src_tokens", "prev_tokens", "target"):
+                assert torch.equal(getattr(a, field), getattr(b, field))
+        seen += [tuple(i) for i in indices]
+    assert trainer.state.pos.epoch >= 2 and len(set(seen)) < len(seen)  # the stream did roll over
+
+
+def _reference_model(extra=()):
+    from runner.bench.reference import ReferenceSeq2Seq
+    from tests.conftest import compose
+
+    cfg = compose(["model=ci", "model.dropout=0", "model.share_embeddings=decoder_io",
+                   "data.joined_dictionary=false", *extra])
+    torch.manual_seed(0)
+    return ReferenceSeq2Seq(cfg, 40, 30, 1)
+
+
+def test_reference_model_learns_and_is_causal():
+    from runner.bench.reference import reference_loss
+
+    model = _reference_model()
+    assert model.output_weight is model.tgt_embed.weight  # decoder input/output tied
+    assert model.src_embed.weight is not model.tgt_embed.weight
+    assert model.transformer.encoder.norm is None  # Post-LN: no final norm
+    assert _reference_model(["norm=pre"]).transformer.encoder.norm is not None
+    torch.manual_seed(1)
+    src = torch.randint(4, 40, (4, 7))
+    src[0, 5:] = 1  # right padding
+    target = torch.randint(4, 30, (4, 6))
+    target[1, 4:] = 1
+    prev = torch.cat([torch.full((4, 1), 2), target[:, :-1]], dim=1)
+    prev[1, 5:] = 1
+    # training mode, as the bench runs it (dropout is 0; eval mode would take torch's
+    # nested-tensor inference path instead)
+    with torch.no_grad():
+        logits = model(src, prev)
+        later = prev.clone()
+        later[:, 3] = (later[:, 3] + 5) % 26 + 4  # change position 3 in every row
+        changed = model(src, later)
+        alone = model(src[:1, :5], prev[:1])  # row 0 without its source padding
+    assert torch.allclose(changed[:, :3], logits[:, :3], atol=1e-6)
+    assert not torch.allclose(changed[:, 3:], logits[:, 3:], atol=1e-3)
+    # the source padding is masked in the encoder and in the cross-attention
+    assert torch.allclose(alone[0], logits[0], atol=1e-5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(15):
+        loss = reference_loss(model(src, prev), target, 1, 0.1) / int((target != 1).sum())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_compile_both_plans_an_eager_and_a_compiled_entry():
+    from runner.bench import plan_entries, resolve_args
+    from runner.cli.bench import parse_args
+
+    args = parse_args(["--presets", "ci", "small", "--compile", "both", "--depths"])
+    assert resolve_args(args, cuda=False) is None
+    plan = plan_entries(args)
+    assert [(e.name, e.compile) for e in plan] == [("ci-eager", False), ("ci-compiled", True),
+                                                   ("small-eager", False), ("small-compiled", True)]
+    assert plan[0].overrides == plan[1].overrides and plan[0].max_tokens == plan[1].max_tokens
+    for setting, compiled in (("auto", False), ("on", True), ("off", False)):
+        args = parse_args(["--presets", "ci", "--compile", setting, "--depths"])
+        assert resolve_args(args, cuda=False) is None
+        assert [(e.name, e.compile) for e in plan_entries(args)] == [("ci", compiled)]
+    args = parse_args(["--peer", "--compile", "both"])
+    assert "--peer" in resolve_args(args, cuda=False)
+
+
+def test_gpu_presets_compose_to_their_shapes():
+    from runner.bench import PRESETS, RECIPE, SCHEDULE
+    from tests.conftest import compose
+
+    for name, (dim, ffn, heads, layers) in {"big": (1024, 4096, 16, 6), "base-18": (512, 2048, 8, 18)}.items():
+        model, vocab, max_tokens = PRESETS[name]
+        m = compose(RECIPE + model).model
+        assert (m.dim, m.ffn_dim, m.heads, m.num_encoder_layers, m.num_decoder_layers) == (
+            dim, ffn, heads, layers, layers)
+        assert vocab is None and max_tokens == PRESETS["base"][2] and SCHEDULE[name] == SCHEDULE["base"]

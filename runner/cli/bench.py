@@ -1,4 +1,4 @@
-"""`deepinit bench`: training and decoding throughput, memory and MFU (runner/bench.py)."""
+"""`deepinit bench`: training and decoding throughput, memory and MFU (runner/bench/)."""
 from __future__ import annotations
 
 import argparse
@@ -23,20 +23,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-decode", action="store_true")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
-                   help="torch.compile the model (auto: on CUDA)")
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off", "both"],
+                   help="torch.compile the model (auto: on CUDA; both: every preset eager and "
+                        "compiled, as entries NAME-eager and NAME-compiled)")
     p.add_argument("--quick", action="store_true", help="a few updates of ci and 2-layer depth entries")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default outputs/bench/bench-<time>.json)")
     p.add_argument("--work", type=Path, default=Path("outputs/bench/work"),
                    help="scratch folder: corpus text, data cache, run folders")
     p.add_argument("--peer", action="store_true",
                    help="only the side-by-side: deepinit and fairseq alternating (make bench-peer)")
+    p.add_argument("--reference", action="store_true",
+                   help="also time the same training step in plain PyTorch (torch.nn.Transformer), "
+                        "alternating with deepinit's, --reps times")
     p.add_argument("--peer-configs", nargs="*", default=list(bench.PEER_CONFIGS),
                    choices=list(bench.PEER_CONFIGS))
     p.add_argument("--peer-tools", type=Path, default=None,
                    help="--peer: the folder of peer_setup.sh / peer_train_bench.sh (make bench-peer "
                         "passes PEER_TOOLS)")
-    p.add_argument("--reps", type=int, default=3, help="--peer: alternating runs per configuration")
+    p.add_argument("--reps", type=int, default=3,
+                   help="--peer, --reference: alternating runs per side and configuration")
     p.add_argument("--decode-reps", type=int, default=3,
                    help="--peer: how many of the runs also decode (default: all three, since one "
                         "decoding run per side moves by 10-25%% between calls)")

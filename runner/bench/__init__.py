@@ -10,6 +10,8 @@ that data, Zipf text with IWSLT-like lengths is used.
     deepinit bench                        presets tiny, small, ci (+ base on CUDA) and depth scaling
     deepinit bench --quick                a few updates of everything (smoke test)
     deepinit bench --peer                 deepinit and fairseq alternating, with ratios (make bench-peer)
+    deepinit bench --reference            each preset also in plain PyTorch (torch.nn.Transformer), alternating
+    deepinit bench --compile both         each preset eager and compiled
 
 Throughput counts target tokens (eos included, padding not) per second of wall clock between
 log records, after the warm-up updates, as fairseq's wps meter does.
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -36,15 +38,17 @@ import numpy as np
 import torch
 from rich.table import Table
 
+from runner.bench.reference import train_reference
 from runner.config import Config, config_from_dict
 from runner.console import console
 from runner.data.corpus import default_corpus_dir
+from runner.data.dataset import TokenizedSplit
 from runner.decode.search import decode_throughput
 from runner.run.build import build_run
 from runner.run.folder import cpu_name, write_json
 from runner.train.loop import Callback, Trainer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent  # runner/bench/__init__.py -> the repository
 DECODE_SENTENCES = 500  # the peer decodes test lines 1..500
 
 # The fairseq IWSLT'14 recipe the peer trains with (peer_train_bench.sh COMMON): Adam
@@ -64,17 +68,25 @@ PRESETS: dict[str, tuple[list[str], Optional[int], int]] = {
     "ci": (["model=ci"], 1000, 2048),
     # CUDA only: the WMT base shape with GPU-sized batches
     "base": (["model=base"], None, 16384),
+    # CUDA only, as base: transformer big (1024-4096-16, 6+6) and base at 18+18 layers
+    "big": (["model=big"], None, 16384),
+    "base-18": (["model=base", "model.layers=18"], None, 16384),
 }
 # The peer's two configurations (peer_train_bench.sh `config`): deepinit name -> peer name.
 PEER_CONFIGS = {"small": "iwslt", "tiny-peer": "tiny"}
 PRESETS["tiny-peer"] = (["model=tiny", "model.dim=128", "model.ffn_dim=256", "model.heads=4",
                          "model.layers=2"], 1000, 2048)
 # Updates: warm-up, per timed window, windows. The peer's runs: iwslt 3 + 15, tiny 20 + 150.
-SCHEDULE = {"small": (3, 5, 3), "base": (30, 20, 3), "tiny-peer": (20, 50, 3)}
+SCHEDULE = {"small": (3, 5, 3), "base": (30, 20, 3), "big": (30, 20, 3), "base-18": (30, 20, 3),
+            "tiny-peer": (20, 50, 3)}
 PEER_SCHEDULE = {"small": (3, 15, 1), "tiny-peer": (20, 150, 1)}
 DEFAULT_SCHEDULE = (10, 20, 3)
 # The peer's fairseq-generate call: --max-tokens 4096 --batch-size 128 (peer_train_bench.sh)
 PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE = 4096, 128
+
+# --reference: the speed-up over the plain-PyTorch step (deepinit / reference tokens/s) that the
+# GPU benchmark's goal asks for ("at least 1.2x the plain reference", docs/performance.md)
+REFERENCE_TARGET = 1.2
 
 # bf16 dense tensor-core peaks from NVIDIA's datasheets, TFLOP/s (no sparsity).
 CUDA_BF16_PEAK_TFLOPS = {"H100 SXM": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
@@ -119,6 +131,15 @@ def preset_entry(name: str, args, peer: bool = False) -> Entry:
                  max_tokens, warmup, steps, windows,
                  decode=0 if args.no_decode else args.decode_sentences,
                  threads=args.threads, device=args.device, compile=args.compile_on)
+
+
+def preset_entries(name: str, args) -> list[Entry]:
+    """A preset's entries: one, or with --compile both an eager and a compiled one."""
+    entry = preset_entry(name, args)
+    if args.compile != "both":
+        return [entry]
+    return [replace(entry, name=f"{name}-eager", compile=False),
+            replace(entry, name=f"{name}-compiled", compile=True)]
 
 
 def depth_entry(layers: int, checkpointing: bool, args) -> Entry:
@@ -390,6 +411,36 @@ def entry_overrides(entry: Entry, work: Path) -> list[str]:
     return overrides
 
 
+def window_figures(updates: int, tokens: int, seconds: float, cpu_seconds: float) -> dict:
+    """One timed window: `updates` updates that trained `tokens` target tokens."""
+    return {"updates": updates, "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds, "ms_per_update": 1e3 * seconds / updates,
+            "cpu_seconds": cpu_seconds, "tokens_per_cpu_s": tokens / max(cpu_seconds, 1e-9)}
+
+
+def timed_figures(windows: list[dict], split: TokenizedSplit, timed: list[np.ndarray], updates: int,
+                  cfg: Config, tgt_vocab: int) -> dict:
+    """Throughput over the timed windows, and the work of the `updates` timed updates, whose
+    batches (sentence indices into `split`) are `timed`: what a deepinit entry and its
+    plain-PyTorch reference both report, computed one way."""
+    src_lengths, tgt_lengths = split.src_lengths, split.tgt_lengths
+    src = np.concatenate([src_lengths[b] for b in timed])
+    tgt = np.concatenate([tgt_lengths[b] for b in timed])
+    cells = sum(len(b) * (int(src_lengths[b].max()) + int(tgt_lengths[b].max())) for b in timed)
+    m = cfg.model
+    flops = train_flops(m.dim, m.ffn_dim, m.num_encoder_layers, m.num_decoder_layers, tgt_vocab, src, tgt)
+    tps = [w["tokens_per_s"] for w in windows]
+    return {
+        "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps),
+        "tokens_per_s_max": max(tps),
+        "tokens_per_cpu_s": statistics.median(w["tokens_per_cpu_s"] for w in windows),
+        "ms_per_update": statistics.median(w["ms_per_update"] for w in windows),
+        "tokens_per_update": float(tgt.sum()) / updates,
+        "padding_fraction": 1.0 - float(src.sum() + tgt.sum()) / cells,
+        "flops_per_target_token": flops / float(tgt.sum()),
+    }
+
+
 def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
     """Train `entry` (composed into `cfg` from `overrides`) for warm-up + timed updates with the
     real train loop, then decode."""
@@ -426,28 +477,17 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     train = [r for r in collector.records if r["split"] == "train"]
     split = parts.train_split
-    src_lengths, tgt_lengths = split.src_lengths, split.tgt_lengths
+    tgt_lengths = split.tgt_lengths
     wall = {r["step"]: r["wall_s"] for r in train}
     windows = []
     for w in range(entry.windows):
         first, last = warmup + w * entry.steps, warmup + (w + 1) * entry.steps  # updates (first, last]
         batches = taken[first:last]
         tokens = int(sum(tgt_lengths[b].sum() for b in batches))
-        seconds = wall[last] - wall[first]
-        cpu_seconds = cpu_marks[last] - cpu_marks[first]
-        windows.append({"updates": entry.steps, "tokens": tokens, "seconds": seconds,
-                        "tokens_per_s": tokens / seconds,
-                        "ms_per_update": 1e3 * seconds / entry.steps,
-                        "cpu_seconds": cpu_seconds,
-                        "tokens_per_cpu_s": tokens / max(cpu_seconds, 1e-9)})
+        windows.append(window_figures(entry.steps, tokens, wall[last] - wall[first],
+                                      cpu_marks[last] - cpu_marks[first]))
     timed = taken[warmup:updates]
-    src = np.concatenate([src_lengths[b] for b in timed])
-    tgt = np.concatenate([tgt_lengths[b] for b in timed])
-    cells = sum(len(b) * (int(src_lengths[b].max()) + int(tgt_lengths[b].max())) for b in timed)
     m = cfg.model
-    flops = train_flops(m.dim, m.ffn_dim, m.num_encoder_layers, m.num_decoder_layers,
-                        len(parts.data.tgt_dict), src, tgt)
-    tps = [w["tokens_per_s"] for w in windows]
     out: dict[str, Any] = {
         **{k: v for k, v in asdict(entry).items() if k not in ("overrides", "extra")},
         "overrides": overrides,
@@ -456,13 +496,7 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
         "train_loss": trainer.state.last_train_loss, "device": str(parts.device),
         "precision": parts.precision, "threads": torch.get_num_threads(),
         "src_vocab": len(parts.data.src_dict), "tgt_vocab": len(parts.data.tgt_dict),
-        "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps),
-        "tokens_per_s_max": max(tps),
-        "tokens_per_cpu_s": statistics.median(w["tokens_per_cpu_s"] for w in windows),
-        "ms_per_update": statistics.median(w["ms_per_update"] for w in windows),
-        "tokens_per_update": float(tgt.sum()) / len(timed),
-        "padding_fraction": 1.0 - float(src.sum() + tgt.sum()) / cells,
-        "flops_per_target_token": flops / float(tgt.sum()),
+        **timed_figures(windows, split, timed, len(timed), cfg, len(parts.data.tgt_dict)),
         "peak_memory_mb": peak_mb, "memory_kind": "cuda_max_allocated" if cuda else "max_rss",
         "rss_before_trainer_mb": rss_start, "windows": windows, "load_train": probe.as_dict(),
     }
@@ -501,22 +535,61 @@ def full_length_decoding(model, eos: int) -> None:
     model.__class__ = FullLength
 
 
+def run_reference_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
+    """The entry's training step in plain PyTorch (runner/bench/reference.py) on the entry's own
+    batches and schedule, reported with run_entry's keys where they apply (no decoding)."""
+    if entry.threads:
+        torch.set_num_threads(entry.threads)
+    _, warmup, updates = entry_schedule(entry)
+    rss_start = rss_mb()
+    with LoadProbe() as probe:
+        run = train_reference(cfg, warmup, entry.steps, entry.windows)
+    per_update = [int(sum(run.split.tgt_lengths[g].sum() for g in group)) for group in run.taken]
+    windows = []
+    for w in range(entry.windows):
+        first, last = warmup + w * entry.steps, warmup + (w + 1) * entry.steps
+        windows.append(window_figures(entry.steps, sum(per_update[first:last]),
+                                      run.wall[w + 1] - run.wall[w], run.cpu[w + 1] - run.cpu[w]))
+    timed = [b for group in run.taken[warmup:updates] for b in group]
+    m = cfg.model
+    return {
+        **{k: v for k, v in asdict(entry).items() if k not in ("overrides", "extra", "decode")},
+        "kind": "reference", "overrides": overrides,
+        "model": f"{m.dim}-{m.ffn_dim}-{m.heads}, {m.num_encoder_layers}+{m.num_decoder_layers}",
+        "parameters": run.parameters,
+        "status": "ok" if run.train_loss is not None and math.isfinite(run.train_loss) else "diverged",
+        "train_loss": run.train_loss, "device": run.device, "precision": run.precision,
+        "threads": torch.get_num_threads(), "src_vocab": run.src_vocab, "tgt_vocab": run.tgt_vocab,
+        **timed_figures(windows, run.split, timed, updates - warmup, cfg, run.tgt_vocab),
+        "peak_memory_mb": run.peak_memory_mb, "memory_kind": run.memory_kind,
+        "rss_before_trainer_mb": rss_start, "windows": windows, "load_train": probe.as_dict(),
+    }
+
+
+# which step a child process times: deepinit's train loop, or the plain-PyTorch reference
+WORKERS = {"deepinit": run_entry, "reference": run_reference_entry}
+
+
 def worker_main(argv: list[str]) -> int:
     """python -m runner.bench SPEC.json OUT.json: one entry with its composed config."""
     spec = json.loads(Path(argv[0]).read_text())
-    out = run_entry(Entry(**spec["entry"]), config_from_dict(spec["config"]), spec["overrides"])
+    worker = WORKERS[spec.get("kind", "deepinit")]
+    out = worker(Entry(**spec["entry"]), config_from_dict(spec["config"]), spec["overrides"])
     write_json(Path(argv[1]), out, indent=1)
     return 0
 
 
-def run_isolated(entry: Entry, work: Path, compose: Callable[[list[str]], Config]) -> dict:
-    """run_entry in a fresh interpreter, so peak memory and allocator state are the entry's own.
-    `compose` makes the entry's Config from its overrides (the CLI's composition)."""
+def run_isolated(entry: Entry, work: Path, compose: Callable[[list[str]], Config],
+                 kind: str = "deepinit") -> dict:
+    """run_entry (kind "reference": run_reference_entry) in a fresh interpreter, so peak memory
+    and allocator state are the entry's own. `compose` makes the entry's Config from its
+    overrides (the CLI's composition)."""
     work.mkdir(parents=True, exist_ok=True)
-    spec = work / f"{entry.name}.entry.json"
-    out = work / f"{entry.name}.result.json"
+    stem = entry.name if kind == "deepinit" else f"{entry.name}.{kind}"
+    spec = work / f"{stem}.entry.json"
+    out = work / f"{stem}.result.json"
     overrides = entry_overrides(entry, work)
-    write_json(spec, {"entry": asdict(entry), "overrides": overrides,
+    write_json(spec, {"kind": kind, "entry": asdict(entry), "overrides": overrides,
                       "config": asdict(compose(overrides))})
     out.unlink(missing_ok=True)
     env = dict(os.environ)
@@ -527,7 +600,8 @@ def run_isolated(entry: Entry, work: Path, compose: Callable[[list[str]], Config
                           cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not out.is_file():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        return {"name": entry.name, "group": entry.group, "status": "failed", "error": tail}
+        failed = {"name": entry.name, "group": entry.group, "status": "failed", "error": tail}
+        return failed if kind == "deepinit" else {**failed, "kind": kind}
     result = json.loads(out.read_text())
     result["process_wall_s"] = time.perf_counter() - t0
     return result
@@ -643,9 +717,55 @@ def summarize_pair(name: str, peer_name: str, ours: list[dict], peer: list[dict]
     return row
 
 
+# ----------------------------------------------------------------------------- the reference
+def reference_comparison(entry: Entry, args, work: Path,
+                         compose: Callable[[list[str]], Config]) -> tuple[list[dict], list[dict]]:
+    """args.reps pairs of child processes, deepinit's entry then the plain-PyTorch reference of
+    it, alternating (ours, reference, ours, reference, ...). Only the first deepinit run decodes
+    (the reference does not): decoding comes after training and does not touch its timing."""
+    ours, refs = [], []
+    for rep in range(args.reps):
+        run = replace(entry, decode=entry.decode if rep == 0 else 0)
+        console.print(f"[bold]bench-reference[/] {entry.name}: run {rep + 1}/{args.reps}: deepinit "
+                      f"({entry.warmup} warm-up + {entry.windows} x {entry.steps} timed updates) ...")
+        ours.append(run_isolated(run, work, compose))
+        console.print(f"[bold]bench-reference[/] {entry.name}: run {rep + 1}/{args.reps}: plain PyTorch ...")
+        refs.append(run_isolated(run, work, compose, kind="reference"))
+    return ours, refs
+
+
+def summarize_reference(ours: list[dict], refs: list[dict], peak: dict) -> dict:
+    """Medians per side of alternating runs, deepinit / reference ratios, and MFU per side."""
+    row: dict[str, Any] = {"deepinit_runs": ours, "reference_runs": refs}
+    for key in ("tokens_per_s", "ms_per_update", "peak_memory_mb", "flops_per_target_token"):
+        mine = [r.get(key) for r in ours]
+        theirs = [r.get(key) for r in refs]
+        m, t = _median(mine), _median(theirs)
+        row[key] = {"deepinit": m, "reference": t, "deepinit_runs": mine, "reference_runs": theirs,
+                    "ratio": m / t if m and t else None}
+    row["tokens_per_s"]["target"] = REFERENCE_TARGET
+    if peak.get("gflops"):
+        row["mfu"] = {}
+        for side in ("deepinit", "reference"):
+            tps, flops = row["tokens_per_s"][side], row["flops_per_target_token"][side]
+            row["mfu"][side] = tps * flops / 1e9 / peak["gflops"] if tps and flops else None
+    first = next((r for r in ours + refs if r.get("status") != "failed"), {})
+    row["model"] = f"{first.get('model', '?')} {first.get('precision', '')}".strip()
+    row["compile"] = first.get("compile")
+    return row
+
+
 # ----------------------------------------------------------------------------- output
 def _fmt(value, spec: str, missing: str = "-") -> str:
     return missing if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def _pct(fraction: Optional[float]) -> str:
+    return _fmt(None if fraction is None else 100 * fraction, ".1f") + ("" if fraction is None else "%")
+
+
+def _reference_model(row: dict) -> str:
+    return row["model"] + (" compiled" if row.get("compile") else "")
 
 
 def print_tables(report: dict) -> None:
@@ -725,6 +845,27 @@ def print_tables(report: dict) -> None:
             t.add_row("MFU", _fmt(100 * (row["mfu"]["deepinit"] or 0), ".1f") + "%",
                       _fmt(100 * (row["mfu"]["fairseq"] or 0), ".1f") + "%", "", "", "", "")
         console.print(t)
+    reference = report.get("reference") or {}
+    if reference:
+        reps = max(len(row["reference_runs"]) for row in reference.values())
+        t = Table(title=f"deepinit vs plain PyTorch (torch.nn.Transformer), the same training step: "
+                        f"medians of {reps} alternating runs per side", title_justify="left")
+        for col in ("preset", "model", "deepinit tok/s", "PyTorch tok/s", "ratio", "deepinit MFU",
+                    "PyTorch MFU", "deepinit MB", "PyTorch MB"):
+            t.add_column(col, justify="left" if col in ("preset", "model") else "right")
+        for name, row in reference.items():
+            r, mfu, mem = row["tokens_per_s"], row.get("mfu") or {}, row["peak_memory_mb"]
+            ratio = _fmt(r["ratio"], ".2f")
+            if r["ratio"] is not None:
+                ratio = f"[{'green' if r['ratio'] >= r['target'] else 'red'}]{ratio}[/]"
+            t.add_row(name, _reference_model(row), _fmt(r["deepinit"], ",.0f"), _fmt(r["reference"], ",.0f"),
+                      ratio, _pct(mfu.get("deepinit")), _pct(mfu.get("reference")),
+                      _fmt(mem["deepinit"], ",.0f"), _fmt(mem["reference"], ",.0f"))
+        console.print(t)
+        memory = "max allocated" if machine["device"] == "cuda" else "max RSS"
+        console.print(f"ratio: deepinit's median tok/s over the plain-PyTorch reference's, both trained on "
+                      f"the same batches (target {REFERENCE_TARGET}x: green when met); MFU against the same "
+                      f"peak as above; MB: peak memory ({memory}).")
 
 
 def markdown_tables(report: dict) -> str:
@@ -783,6 +924,24 @@ def markdown_tables(report: dict) -> str:
         peer_loads = [r["load"]["other_cores"] for r in row["fairseq_runs"] if r.get("load")]
         lines += ["", f"Other processes' load (cores): deepinit runs {', '.join(f'{x:.2f}' for x in loads)}; "
                       f"fairseq runs {', '.join(f'{x:.2f}' for x in peer_loads)}.", ""]
+    reference = report.get("reference") or {}
+    if reference:
+        reps = max(len(row["reference_runs"]) for row in reference.values())
+        lines += [f"deepinit against plain PyTorch (`torch.nn.Transformer`, runner/bench/reference.py) on the "
+                  f"same batches, medians of {reps} alternating runs per side; ratio = deepinit / PyTorch "
+                  f"tok/s, target {REFERENCE_TARGET}:", "",
+                  "| preset | model | deepinit tok/s | PyTorch tok/s | ratio | target | deepinit MFU | PyTorch MFU "
+                  "| deepinit peak MB | PyTorch peak MB | deepinit runs tok/s | PyTorch runs tok/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, row in reference.items():
+            r, mfu, mem = row["tokens_per_s"], row.get("mfu") or {}, row["peak_memory_mb"]
+            lines.append(f"| {name} | {_reference_model(row)} | {_fmt(r['deepinit'], ',.0f')} "
+                         f"| {_fmt(r['reference'], ',.0f')} | {_fmt(r['ratio'], '.2f')} | {r['target']:.1f} "
+                         f"| {_pct(mfu.get('deepinit'))} | {_pct(mfu.get('reference'))} "
+                         f"| {_fmt(mem['deepinit'], ',.0f')} | {_fmt(mem['reference'], ',.0f')} "
+                         f"| {', '.join(_fmt(v, ',.0f') for v in r['deepinit_runs'])} "
+                         f"| {', '.join(_fmt(v, ',.0f') for v in r['reference_runs'])} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -796,13 +955,12 @@ def machine_info(device: str, threads: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- main
-def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> int:
-    """`deepinit bench` with parsed arguments (runner/cli/bench.py); the exit code. `compose`
-    makes a Config from overrides (the CLI's composition)."""
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("deepinit: error: --device cuda but no CUDA device is visible", file=sys.stderr)
-        return 2
+def resolve_args(args, cuda: bool) -> Optional[str]:
+    """Fill in the defaults that depend on the device (presets, compile) and move key=value
+    words from --presets to the overrides; an error message, or None."""
+    if args.peer and (args.reference or args.compile == "both"):
+        return "--peer is its own comparison: leave out --reference and --compile both"
+    # --compile both: preset_entries makes each entry's two settings
     args.compile_on = args.compile == "on" or (args.compile == "auto" and cuda)
     if args.presets:  # "--presets tiny key=value": argparse gives the override to --presets
         args.override += [p for p in args.presets if "=" in p]
@@ -811,11 +969,32 @@ def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> 
         args.presets = ["ci"] if args.quick else ["tiny", "small", "ci"] + (["base"] if cuda else [])
     unknown = [p for p in args.presets if p not in PRESETS]
     if unknown:
-        print(f"deepinit: error: unknown preset(s) {', '.join(unknown)}; expected {', '.join(PRESETS)}",
-              file=sys.stderr)
-        return 2
+        return f"unknown preset(s) {', '.join(unknown)}; expected {', '.join(PRESETS)}"
     if args.quick and args.depths == [6, 50, 100, 200]:
         args.depths = [2]
+    return None
+
+
+def plan_entries(args) -> list[Entry]:
+    """The entries of a `deepinit bench` call (not --peer), in order: presets, then depths."""
+    plan = [entry for name in args.presets for entry in preset_entries(name, args)]
+    # --quick: checkpointing only (the path with more to go wrong)
+    plan += [depth_entry(layers, ckpt, args) for layers in args.depths
+             for ckpt in ((True,) if args.quick else (False, True))]
+    return plan
+
+
+def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> int:
+    """`deepinit bench` with parsed arguments (runner/cli/bench.py); the exit code. `compose`
+    makes a Config from overrides (the CLI's composition)."""
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("deepinit: error: --device cuda but no CUDA device is visible", file=sys.stderr)
+        return 2
+    problem = resolve_args(args, cuda)
+    if problem:
+        print(f"deepinit: error: {problem}", file=sys.stderr)
+        return 2
     if args.peer:
         problem = peer_ready(args)
         if problem:
@@ -840,14 +1019,18 @@ def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> 
     if args.peer:
         report["peer"] = peer_comparison(args, work, report["peak"], compose)
     else:
-        plan = [preset_entry(name, args) for name in args.presets]
-        # --quick: checkpointing only (the path with more to go wrong)
-        plan += [depth_entry(layers, ckpt, args) for layers in args.depths
-                 for ckpt in ((True,) if args.quick else (False, True))]
-        for entry in plan:
-            console.print(f"[bold]bench[/] {entry.name}: {entry.warmup} warm-up + "
-                          f"{entry.windows} x {entry.steps} timed updates ...")
-            result = run_isolated(entry, work, compose)
+        for entry in plan_entries(args):
+            if args.reference and entry.group == "preset":
+                ours, refs = reference_comparison(entry, args, work, compose)
+                report.setdefault("reference", {})[entry.name] = summarize_reference(ours, refs, report["peak"])
+                for run in ours[1:] + refs:
+                    if run["status"] == "failed":
+                        console.print(f"[red]{entry.name} ({run.get('kind', 'deepinit')}) failed[/]:\n{run['error']}")
+                result = ours[0]  # the preset table's entry: the run that also decoded
+            else:
+                console.print(f"[bold]bench[/] {entry.name}: {entry.warmup} warm-up + "
+                              f"{entry.windows} x {entry.steps} timed updates ...")
+                result = run_isolated(entry, work, compose)
             if result["status"] == "failed":
                 console.print(f"[red]{entry.name} failed[/]:\n{result['error']}")
             report["entries"].append(result)
@@ -861,8 +1044,9 @@ def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> 
     for row in (report.get("peer") or {}).values():
         failed += [f"deepinit {row['peer_config']}" for r in row["deepinit_runs"] if r["status"] == "failed"]
         failed += [f"fairseq {row['peer_config']}" for r in row["fairseq_runs"] if r["returncode"] != 0]
+    for name, row in (report.get("reference") or {}).items():
+        failed += [f"{name} {r.get('kind', 'deepinit')}" for r in row["deepinit_runs"][1:] + row["reference_runs"]
+                   if r["status"] == "failed"]
     return 1 if failed else 0
 
 
-if __name__ == "__main__":  # the worker of run_isolated
-    sys.exit(worker_main(sys.argv[1:]))

@@ -1,0 +1,6 @@
+"""python -m runner.bench SPEC.json OUT.json: the child process of run_isolated (one entry)."""
+import sys
+
+from runner.bench import worker_main
+
+sys.exit(worker_main(sys.argv[1:]))
