@@ -33,7 +33,7 @@ import torch
 from runner import suite
 from runner.bench import CUDA_BF16_PEAK_TFLOPS, train_flops
 from runner.config import Config, ModelConfig, TrainerConfig
-from runner.records import Records
+from runner.records import Records, results_root
 from runner.run.evaluate import evaluate_run
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
@@ -790,12 +790,66 @@ def run_real(target: Target, args) -> int:
     return 1 if crashed else 0
 
 
+def real_tier_status(parallel: int) -> list[dict]:
+    """Per target with a real tier: planned cells, records by status, verdicts by kind, and the
+    estimated wall time of the cells without a record (`parallel` at a time, each preset's
+    cpu_minutes_per_cell)."""
+    rows = []
+    for target in TARGETS.values():
+        if "real" not in target.parts:
+            continue
+        preset = target.parts["real"][0].preset
+        cells = suite.plan(preset)
+        suite.attach_records(cells, Records.load(suite.results_dir(target.name)))
+        done = [c.record for c in cells if c.record is not None]
+        minutes = float((load_preset(preset).get("sweep") or {}).get("cpu_minutes_per_cell") or 0)
+        todo = len(cells) - len(done)
+        verdict_counts: dict[str, int] = {}
+        for verdict in suite.verdicts(preset, cells):
+            verdict_counts[verdict.verdict] = verdict_counts.get(verdict.verdict, 0) + 1
+        rows.append({"target": target.name, "cells": len(cells), "records": len(done),
+                     **{status: sum(r["status"] == status for r in done) for status in suite.STATUSES},
+                     "verdicts": verdict_counts,
+                     "remaining_s": estimate_wall_s([minutes * 60] * todo, parallel) if minutes else None})
+    return rows
+
+
+def print_status(parallel: int) -> int:
+    """`deepinit reproduce status`: how far every real-tier suite has got, from results/ alone."""
+    from rich import box  # noqa: PLC0415 (only this view draws a table)
+    from rich.table import Table  # noqa: PLC0415 (see above)
+
+    from runner.console import console  # noqa: PLC0415 (see above)
+
+    rows = real_tier_status(parallel)
+    table = Table(title=f"real-tier suites: records in {results_root()}", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in ("target", "cells", "ok", "div", "stall", "fail", "claims", "left"):
+        table.add_column(col, justify="left" if col in ("target", "claims") else "right",
+                         no_wrap=True)
+    for r in rows:
+        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(r["verdicts"].items())) or "-"
+        remaining = "-" if r["remaining_s"] is None else (
+            "done" if r["records"] == r["cells"] else f"~{_fmt_time(r['remaining_s'])}")
+        table.add_row(r["target"], f"{r['records']}/{r['cells']}", *(str(r[s]) for s in suite.STATUSES),
+                      verdicts, remaining)
+    total_left = sum(r["remaining_s"] or 0 for r in rows)
+    console.print(table)
+    console.print(f"div/stall/fail: diverged, stalled, crashed cells; claims: verdicts so far; left: "
+                  f"estimated wall time of the cells without a record, {parallel} at a time on an idle "
+                  f"machine (each preset's cpu_minutes_per_cell); in all ~{_fmt_time(total_left)}. "
+                  "`deepinit reproduce TARGET --scale real` runs a suite's missing cells.")
+    return 0
+
+
 def run(args) -> int:
     """`deepinit reproduce` with parsed arguments (runner/cli/reproduce.py); the exit code."""
     if args.target == "list":
         for t in TARGETS.values():
             print(f"{t.name:14s} {t.title} (scales: {', '.join(t.parts)})")
         return 0
+    if args.target == "status":
+        return print_status(args.parallel or os.cpu_count() or 1)
     t0 = time.perf_counter()
     target = TARGETS[args.target]
     scale = args.scale or next(s for s in (("paper", "cpu", "real") if gpu_visible() else

@@ -365,3 +365,25 @@ def test_one_cell_end_to_end_then_resume_is_a_no_op(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 cells, 1 finished" in out and "running 1 unfinished" not in out
     assert results[0].stat().st_mtime_ns == before
+
+
+def test_status_counts_records_claims_and_time_left(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
+    folder = tmp_path / "table2" / "real"
+    folder.mkdir(parents=True)
+    lines = []
+    for seed, status in ((1, "ok"), (2, "stalled")):
+        overrides = ["+sweep=reproduce_table2_real", "method=pre_ln", f"trainer.seed={seed}", "warmup.updates=0"]
+        lines.append(json.dumps({"arm": {"method": "pre_ln", "warmup.updates": "0"}, "overrides": overrides,
+                                 "seed": seed, "status": status, "bleu": 30.0, "best_valid_loss": 3.2}))
+    (folder / "records.jsonl").write_text("\n".join(lines) + "\n")
+    rows = {r["target"]: r for r in rp.real_tier_status(parallel=2)}
+    table2 = rows["table2"]
+    assert (table2["cells"], table2["records"], table2["ok"], table2["stalled"]) == (21, 2, 1, 1)
+    # 19 cells of 32 min left, 2 at a time: 10 rounds
+    assert table2["remaining_s"] == pytest.approx(10 * 32 * 60)
+    assert table2["verdicts"]["incomplete"] == 8  # a partial suite never reads as a result
+    assert rows["grid"]["records"] == 0 and rows["grid"]["cells"] == 90
+    assert reproduce_main(["status", "--parallel", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "table2" in out and "2/21" in out and "8 incomplete" in out
