@@ -1,7 +1,16 @@
-# deepinit: set-up, tests, benchmarks and reproductions.
-#   make train   the default run (built-in toy task, CPU-sized model); installs first if needed
-#   make test    run the test suite (CPU); installs first if needed
-#   make setup   create .venv and install deepinit (editable) with its dev extras
+# deepinit: set-up, tests, benchmarks and reproductions (make help prints this list).
+#   make setup              create .venv and install deepinit (editable) with its dev extras
+#   make train              the default run (built-in toy task, CPU-sized model)
+#   make test               the test suite (the CUDA checks run when a GPU is visible)
+#   make test-fast          the test suite without the slow and SLURM tests
+#   make test-cuda          only the CUDA checks (tests/test_cuda.py)
+#   make bench              training/decoding throughput, MFU, depth scaling (docs/performance.md)
+#   make bench-peer PEER_TOOLS=DIR   the same side by side with fairseq (DIR: the peer scripts)
+#   make reproduce-TARGET   a published table, e.g. reproduce-table2 [SCALE=cpu|real|paper]
+#                           (deepinit reproduce list: the targets; docs/reproductions.md)
+#   make example-multi30k   a small model on Multi30k De->En on CPU, scored on test2016
+#   make clean              remove build outputs (build, dist, *.egg-info, .pytest_cache)
+#   (all but clean run make setup first if needed)
 # TORCH selects the PyTorch requirement installed first. Users keep the default (their own
 # build, e.g. a CUDA wheel, is left alone if already present); CI pins the local CPU build:
 #   make setup TORCH=torch==2.13.0
@@ -14,7 +23,7 @@ PYTEST_ARGS ?=
 .PHONY: setup test test-fast test-cuda train clean help
 
 help:
-	@sed -n '2,8p' Makefile
+	@sed -n '2,13s/^# //p' Makefile
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,11 +62,11 @@ clean:
 	rm -rf build dist *.egg-info .pytest_cache
 
 # A real result on CPU: a 256-512-4, 3+3-layer Pre-LN model on Multi30k De->En,
-# sized for under 40 minutes on 2 cores (1,600 updates of 4,096 tokens, about 15 epochs), then
+# sized for a 2-core CPU (1,600 updates of 4,096 tokens, about 13 epochs), then
 # beam-5 tokenized BLEU on test2016 with the last 5 checkpoints averaged (result.json and eval/
 # in the run folder).
 .PHONY: example-multi30k
-example-multi30k:
+example-multi30k: $(INSTALLED)
 	$(BIN)/deepinit train data=multi30k model=small model.dim=256 model.ffn_dim=512 model.heads=4 \
 	  model.layers=3 norm=pre model.dropout=0.1 model.attention_dropout=0.1 optim.lr=1e-3 \
 	  optim.weight_decay=1e-4 warmup.updates=400 trainer.max_updates=1600 trainer.valid_interval=200 \
@@ -71,18 +80,21 @@ THREADS ?= 0
 PEER_TOOLS ?=  # the folder of peer_setup.sh and peer_train_bench.sh (the fairseq peer)
 BENCH_ARGS ?=
 
-bench:
+bench: $(INSTALLED)
 	$(BIN)/deepinit bench --threads $(THREADS) $(BENCH_ARGS)
 
-# fairseq in its own venv outside the repo (first run compiles, ~5 min), then both alternating.
-bench-peer:
+# Needs PEER_TOOLS=DIR, the fairseq peer scripts (peer_setup.sh, peer_train_bench.sh; not in this
+# repository): fairseq in its own venv outside the repo (the first run builds it), then both
+# alternating.
+bench-peer: $(INSTALLED)
 	@test -n "$(PEER_TOOLS)" || { echo "make bench-peer needs PEER_TOOLS=DIR (the folder of peer_setup.sh)" >&2; exit 2; }
 	bash $(PEER_TOOLS)/peer_setup.sh
 	$(BIN)/deepinit bench --peer --threads $(if $(filter 0,$(THREADS)),2,$(THREADS)) --peer-tools $(PEER_TOOLS) $(BENCH_ARGS)
 
 # One command per published table (deepinit reproduce, docs/reproductions.md):
 #   make reproduce-table2 [SCALE=cpu|real|paper] [LAUNCHER=basic|local|slurm] [DRY_RUN=1] [REPRODUCE_ARGS="overrides"]
-# SCALE defaults to paper when a GPU is visible, else cpu. Runs land in
+# SCALE defaults to paper when a GPU is visible, else cpu; real for targets that have only a real
+# tier. Runs land in
 # outputs/reproduce/<target>-<scale>/; a second call runs only the unfinished cells.
 SCALE ?=
 LAUNCHER ?=
@@ -93,5 +105,5 @@ REPRODUCE_TARGETS := reproduce-table2 reproduce-grid reproduce-tfixup-depth repr
                      reproduce-schemes-scaling reproduce-schemes-norms-warmup \
                      reproduce-schemes-scaling-warmup reproduce-mup-transfer
 .PHONY: $(REPRODUCE_TARGETS)
-$(REPRODUCE_TARGETS):
+$(REPRODUCE_TARGETS): $(INSTALLED)
 	$(BIN)/deepinit reproduce $(@:reproduce-%=%) $(if $(SCALE),--scale $(SCALE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY_RUN),--dry-run) $(REPRODUCE_ARGS)

@@ -7,11 +7,11 @@ that the fairseq peer script trains on (valid + test lines 501.., decoding on te
 1..500), with the peer's vocabularies (all types, or the 1000 most frequent per side). Without
 that data, Zipf text with IWSLT-like lengths is used.
 
-    deepinit bench                        presets tiny, small, ci (+ base on CUDA) and depth scaling
-    deepinit bench --quick                a few updates of everything (smoke test)
-    deepinit bench --peer                 deepinit and fairseq alternating, with ratios (make bench-peer)
-    deepinit bench --reference            each preset also in plain PyTorch (torch.nn.Transformer), alternating
-    deepinit bench --compile both         each preset eager and compiled
+    deepinit bench                          presets tiny, small, ci (+ base on CUDA) and depth scaling
+    deepinit bench --quick                  a few updates of the ci preset and one 2+2-layer depth entry (smoke test)
+    deepinit bench --peer --peer-tools DIR  deepinit and fairseq alternating, with ratios (make bench-peer)
+    deepinit bench --reference              each preset also in plain PyTorch (torch.nn.Transformer), alternating
+    deepinit bench --compile both           each preset eager and compiled
 
 Throughput counts target tokens (eos included, padding not) per second of wall clock between
 log records, after the warm-up updates, as fairseq's wps meter does.

@@ -26,8 +26,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off", "both"],
                    help="torch.compile the model (auto: on CUDA; both: every preset eager and "
                         "compiled, as entries NAME-eager and NAME-compiled)")
-    p.add_argument("--quick", action="store_true", help="a few updates of ci and 2-layer depth entries")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (default outputs/bench/bench-<time>.json)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke test: a few updates of the ci preset (or of --presets) and one "
+                        "2+2-layer depth entry (or --depths)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON path (default outputs/bench/bench-<time>.json; with --peer "
+                        "outputs/bench/bench-peer-<time>.json)")
     p.add_argument("--work", type=Path, default=Path("outputs/bench/work"),
                    help="scratch folder: corpus text, data cache, run folders")
     p.add_argument("--peer", action="store_true",

@@ -20,16 +20,20 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--scale", choices=reproduce.SCALES,
                    help="cpu: the toy smoke tier (minutes); real: Multi30k on this CPU with "
                    "seeds, CIs and verdicts, records in results/ (hours); paper: the papers' "
-                   "recipes (GPU). Default: paper when a GPU is visible, else cpu")
+                   "recipes (GPU). Default: paper when a GPU is visible, else cpu; real for targets that "
+                   "have only a real tier")
     p.add_argument("--launcher", choices=reproduce.LAUNCHERS,
-                   help="default: local (cells in parallel: one per GPU, or --parallel on CPU)")
+                   help="default: local (cells in parallel: one per GPU, or --parallel on CPU); the "
+                        "real tier runs its cells itself and ignores it")
     p.add_argument("--parallel", type=int, default=0,
-                   help="CPU scale with the local launcher: cells at once (default: CPU count)")
+                   help="cells at once: at CPU scale with the local launcher, at the real tier, and "
+                        "for status's estimate of the time left (default: CPU count)")
     p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
                    help="parent of the sweep folder <target>-<scale> (default outputs/reproduce)")
     p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")
     p.add_argument("--no-eval", action="store_true", help="do not decode/score finished cells")
     p.add_argument("--table-only", action="store_true",
-                   help="only (re)print the table from the run folders")
+                   help="only (re)print the table: from the run folders, or at the real tier from the "
+                        "records in results/ (trains nothing)")
     args = p.parse_intermixed_args(argv)
     return reproduce.run(args)
