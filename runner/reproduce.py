@@ -572,14 +572,14 @@ TARGETS: dict[str, Target] = {
         "schemes-other", "All schemes, deep, no warmup: schemes without a Post-LN stack",
         {"real": (Part("reproduce_schemes_other_real"),)}, None),
     "schemes-norms": Target(
-        "schemes-norms", "Methods since 2019, deep, no warmup: B2T, ResiDual, DyT, ScaleNorm+FixNorm, Mix-LN, Peri-LN",
+        "schemes-norms", "Methods since 2019, deep, no warmup: B2T, ResiDual, DyT, ScaleNorm+FixNorm, Mix-LN, Peri-LN, LN Scaling",
         {"real": (Part("reproduce_schemes_norms_real"),)}, None),
     "schemes-scaling": Target(
         "schemes-scaling", "Methods since 2019, deep, no warmup: QK-norm, sigma-reparam, LayerScale, depth-muP",
         {"real": (Part("reproduce_schemes_scaling_real"),)}, None),
     "schemes-norms-warmup": Target(
         "schemes-norms-warmup",
-        "Methods since 2019, deep, with warmup: B2T, ResiDual, DyT, ScaleNorm+FixNorm, Mix-LN, Peri-LN",
+        "Methods since 2019, deep, with warmup: B2T, ResiDual, DyT, ScaleNorm+FixNorm, Mix-LN, Peri-LN, LN Scaling",
         {"real": (Part("reproduce_schemes_norms_warmup_real"),)}, None),
     "schemes-scaling-warmup": Target(
         "schemes-scaling-warmup",
