@@ -50,7 +50,7 @@ Decision rules (`judge`)
           the CI's low end > 0, not reproduced when its high end < 0, inconclusive when the CI
           contains 0. With fewer than 2 pairs: inconclusive.
        Measured: the mean difference with its CI and the number of paired seeds, and, as context
-       that no verdict uses, how many pairs favour A and Student's t interval of the mean
+       that no verdict uses, how many pairs favour A (named by its selector) and Student's t interval of the mean
        difference. With 3 seeds the percentile bootstrap's 2.5% quantile is the smallest paired
        difference (a resample of three copies of it has probability 1/27 > 2.5%), so "reproduced"
        means that every seed favours A; the t interval is wider.
@@ -161,11 +161,12 @@ def summarize(values: Sequence[float], level: float = 0.95, resamples: int = 100
 
 
 def student_t_quantile(p: float, df: int) -> float:
-    """The p-quantile (p > 0.5) of Student's t with `df` degrees of freedom: bisection on its CDF,
-    whose integral from 0 is taken by Simpson's rule on the density (written here because the
-    project does not depend on scipy for this one number). Accurate to about 1e-6 for df >= 1."""
-    if not 0.5 < p < 1.0 or df < 1:
-        raise ValueError(f"expected 0.5 < p < 1 and df >= 1, got p={p}, df={df}")
+    """The p-quantile (0.5 < p <= 0.995) of Student's t with `df` degrees of freedom: bisection on
+    its CDF, whose integral from 0 is taken by Simpson's rule on the density (written here because
+    the project does not depend on scipy for this one number). Accurate to about 1e-6 for
+    p <= 0.975 and 1e-4 at 0.995 (df >= 1); further in the tail the fixed grid is too coarse."""
+    if not 0.5 < p <= 0.995 or df < 1:
+        raise ValueError(f"expected 0.5 < p <= 0.995 and df >= 1, got p={p}, df={df}")
     log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
 
     def cdf(t: float, steps: int = 4000) -> float:
@@ -460,7 +461,7 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Ver
     details.update({"t_ci_low": t_low, "t_ci_high": t_high, "pairs_favouring_a": favour})
     lower = "" if claim.higher_is_better else ", lower is better"
     measured = (f"{head} {claim.metric} {_fmt(s.mean)} [{_LEVEL:.0%} CI {_fmt(s.ci_low)}, {_fmt(s.ci_high)}] "
-                f"over {s.n} paired seeds{lower}; {favour} of {s.n} favour A; t interval "
+                f"over {s.n} paired seeds{lower}; {favour} of {s.n} favour {la}; t interval "
                 f"[{_fmt(t_low)}, {_fmt(t_high)}]{suffix}")
     return Verdict(claim, verdict, measured, details)
 

@@ -572,7 +572,8 @@ TARGETS: dict[str, Target] = {
         "schemes-other", "All schemes, deep, no warmup: schemes without a Post-LN stack",
         {"real": (Part("reproduce_schemes_other_real"),)}, None),
     "schemes-norms": Target(
-        "schemes-norms", "Methods since 2019, deep, no warmup: B2T, ResiDual, DyT, ScaleNorm+FixNorm, Mix-LN, Peri-LN, LN Scaling",
+        "schemes-norms",
+        "Methods since 2019, deep, no warmup: B2T, ResiDual, DyT, ScaleNorm+FixNorm, Mix-LN, Peri-LN, LN Scaling",
         {"real": (Part("reproduce_schemes_norms_real"),)}, None),
     "schemes-scaling": Target(
         "schemes-scaling", "Methods since 2019, deep, no warmup: QK-norm, sigma-reparam, LayerScale, depth-muP",
@@ -829,8 +830,8 @@ def print_status(parallel: int) -> int:
                          no_wrap=True)
     for r in rows:
         verdicts = ", ".join(f"{n} {v}" for v, n in sorted(r["verdicts"].items())) or "-"
-        remaining = "-" if r["remaining_s"] is None else (
-            "done" if r["records"] == r["cells"] else f"~{_fmt_time(r['remaining_s'])}")
+        remaining = ("done" if r["records"] == r["cells"] else
+                     "-" if r["remaining_s"] is None else f"~{_fmt_time(r['remaining_s'])}")
         table.add_row(r["target"], f"{r['records']}/{r['cells']}", str(r["ok"]), str(r["diverged"]),
                       str(r["stalled"]), verdicts, remaining)
     total_left = sum(r["remaining_s"] or 0 for r in rows)

@@ -315,8 +315,8 @@ def grid_panels(cells: Sequence[SuiteCell], x: str, y: str) -> dict[str, dict]:
         labels = [["-"] * len(xs) for _ in ys]
         for (yv, xv), records in panel.pop("records").items():
             i, j = ys.index(yv), xs.index(xv)
-            ok = [r["best_valid_loss"] for r in records
-                  if r["status"] == "ok" and r.get("best_valid_loss") is not None]
+            ok = [r["best_valid_loss"] for r in records if r["status"] == "ok"
+                  and r.get("best_valid_loss") is not None and math.isfinite(r["best_valid_loss"])]
             bad = [f"{sum(r['status'] == st for r in records)}/{len(records)} {word}"
                    for st, word in (("diverged", "div"), ("stalled", "stall"))
                    if any(r["status"] == st for r in records)]

@@ -71,10 +71,11 @@ def test_fp16_training_with_loss_scaling(tmp_path):
 
 def test_fp16_scale_collapse_is_reported_as_divergence(tmp_path):
     cuda_only()
-    # a huge SGD step makes every later fp16 forward overflow: each update is skipped and the
-    # scale halves, from 65536 below 1e-4 in 30 updates
+    # a huge SGD step at update 1 makes every later fp16 forward overflow: each update is skipped
+    # and the scale halves, from 65536 below 1e-4 in 30 updates
     result, rows = train_losses(tmp_path, "collapse", [
-        "trainer.precision=fp16", "optim=sgd", "optim.lr=1e9", "warmup=none", "schedule=constant",
+        "trainer.precision=fp16", "optim=sgd", "optim.lr=1e9", "warmup=none", "warmup.updates=0",
+        "schedule=constant",
         "trainer.max_updates=100", "trainer.divergence.check_interval=1",
         "trainer.divergence.patience=1000"])
     assert result["status"] == "diverged", result
@@ -134,27 +135,36 @@ def test_compile_matches_eager_and_stops_recompiling(tmp_path):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
+    more = ["data.toy.train_size=4000"]  # enough batches that updates 21-40 bring new shapes
     eager, rows_e = train_losses(tmp_path, "eager", ["trainer.precision=fp32",
-                                                     "trainer.max_updates=40"])
+                                                     "trainer.max_updates=40", *more])
     torch._dynamo.reset()
     counters.clear()
-    cfg = compose([*RUN, "trainer.precision=fp32", "trainer.max_updates=40", "trainer.compile=true"])
+    cfg = compose([*RUN, "trainer.precision=fp32", "trainer.max_updates=40", "trainer.compile=true", *more])
     parts = build_run(cfg)
     trainer = Trainer(parts)
+
+    def shapes(out):
+        return {(tuple(b.src_tokens.shape), tuple(b.prev_tokens.shape)) for b in out.batches}
+
+    seen = set()
     for _ in range(20):  # warm-up: the batch shapes seen so far make dims dynamic
-        trainer.step()
+        seen |= shapes(trainer.step())
     graphs_after_warmup = counters["stats"]["unique_graphs"]
-    losses = []
-    for _ in range(20):
-        losses.append(float(trainer.step().loss_per_token))
+    outs = [trainer.step() for _ in range(20)]
     recompiles = counters["stats"]["unique_graphs"] - graphs_after_warmup
-    print(f"compiled graphs after 20 warm-up updates: {graphs_after_warmup}; "
-          f"new graphs in the next 20: {recompiles}; graph breaks: {dict(counters['graph_break'])}")
+    new_shapes = set().union(*(shapes(o) for o in outs)) - seen
+    print(f"compiled graphs after 20 warm-up updates: {graphs_after_warmup}; new graphs in the next "
+          f"20: {recompiles} ({len(new_shapes)} batch shapes not seen before); graph breaks: "
+          f"{dict(counters['graph_break'])}")
     assert graphs_after_warmup > 0  # it compiled (compile errors fall back to eager silently)
+    assert new_shapes  # the check below could not see a recompile per shape otherwise
     assert recompiles == 0
-    # the same 40 updates eagerly (dropout off: compiled dropout draws other random numbers)
-    eager_last = rows_e[-1]["loss"]  # mean over updates 36-40
-    assert sum(losses[-5:]) / 5 == pytest.approx(eager_last, rel=2e-3)
+    # the same 40 updates eagerly (dropout off: compiled dropout draws other random numbers);
+    # the window's loss is per target token over updates 36-40
+    last = outs[-5:]
+    compiled_last = sum(float(o.loss_sum) for o in last) / sum(o.tokens for o in last)
+    assert compiled_last == pytest.approx(rows_e[-1]["loss"], rel=2e-3)
 
 
 def test_checkpoint_on_gpu_resumes_and_loads_on_cpu(tmp_path):
@@ -174,18 +184,22 @@ def test_checkpoint_on_gpu_resumes_and_loads_on_cpu(tmp_path):
     assert record["sentences"] == 50 and record["device"] == "cpu"
 
 
-def test_beam_search_on_gpu_gives_the_cpu_hypotheses(tmp_path):
+def test_beam_search_on_gpu_gives_the_cpu_hypotheses(tmp_path, monkeypatch):
     run = tmp_path / "run"
     cfg = compose([*TINY, "trainer.device=cpu", "trainer.max_updates=150", "trainer.threads=1",
                    "trainer.valid_interval=0", "trainer.save_interval=0"])
     assert train(cfg, run)["status"] == "ok"
     cpu = evaluate_run(run, beam=5, average_last=0, device="cpu", update_result=False)
     cpu_hyps = (run / "eval" / "test.hyp").read_text().splitlines()
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 matmuls on both sides
+    if DEVICE == "cuda":  # fp32 matmuls on both sides (False is torch's default; made explicit)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     gpu = evaluate_run(run, beam=5, average_last=0, device=DEVICE, update_result=False)
     gpu_hyps = (run / "eval" / "test.hyp").read_text().splitlines()
     assert gpu["device"].startswith(DEVICE)
     differing = [i for i, (a, b) in enumerate(zip(cpu_hyps, gpu_hyps)) if a != b]
     assert len(cpu_hyps) == len(gpu_hyps) == 50
-    assert not differing, [(cpu_hyps[i], gpu_hyps[i]) for i in differing[:3]]
-    assert gpu["bleu"] == cpu["bleu"]
+    print(f"beam-5 hypotheses differing between CPU and {DEVICE}: {len(differing)} of 50")
+    # the two devices' kernels round differently (about 1 ulp), which may flip a near tie
+    # between two beams; more than one of 50 sentences differing is a bug, not rounding
+    assert len(differing) <= 1, [(cpu_hyps[i], gpu_hyps[i]) for i in differing[:3]]
+    assert gpu["bleu"] == pytest.approx(cpu["bleu"], abs=1.0)

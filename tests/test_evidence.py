@@ -282,7 +282,7 @@ def test_t_interval_by_hand_and_wider_than_the_bootstrap_at_three_seeds():
     assert v.verdict == "reproduced"  # the pre-registered rule: the bootstrap CI
     assert v.details["pairs_favouring_a"] == 3
     assert (v.details["t_ci_low"], v.details["t_ci_high"]) == pytest.approx((low, high))
-    assert "3 of 3 favour A" in v.measured and f"t interval [{low:+.2f}, {high:+.2f}]" in v.measured
+    assert "3 of 3 favour method=admin;" in v.measured and f"t interval [{low:+.2f}, {high:+.2f}]" in v.measured
 
 
 def test_judge_better_not_reproduced_and_inconclusive():

@@ -479,14 +479,16 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
     split = parts.train_split
     tgt_lengths = split.tgt_lengths
     wall = {r["step"]: r["wall_s"] for r in train}
+    # the stream gives micro-batches: trainer.update_freq of them per update (one process)
+    per_update = cfg.trainer.update_freq
     windows = []
     for w in range(entry.windows):
         first, last = warmup + w * entry.steps, warmup + (w + 1) * entry.steps  # updates (first, last]
-        batches = taken[first:last]
+        batches = taken[first * per_update:last * per_update]
         tokens = int(sum(tgt_lengths[b].sum() for b in batches))
         windows.append(window_figures(entry.steps, tokens, wall[last] - wall[first],
-                                      cpu_marks[last] - cpu_marks[first]))
-    timed = taken[warmup:updates]
+                                      cpu_marks[last * per_update] - cpu_marks[first * per_update]))
+    timed = taken[warmup * per_update:updates * per_update]
     m = cfg.model
     out: dict[str, Any] = {
         **{k: v for k, v in asdict(entry).items() if k not in ("overrides", "extra")},
@@ -496,7 +498,7 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
         "train_loss": trainer.state.last_train_loss, "device": str(parts.device),
         "precision": parts.precision, "threads": torch.get_num_threads(),
         "src_vocab": len(parts.data.src_dict), "tgt_vocab": len(parts.data.tgt_dict),
-        **timed_figures(windows, split, timed, len(timed), cfg, len(parts.data.tgt_dict)),
+        **timed_figures(windows, split, timed, updates - warmup, cfg, len(parts.data.tgt_dict)),
         "peak_memory_mb": peak_mb, "memory_kind": "cuda_max_allocated" if cuda else "max_rss",
         "rss_before_trainer_mb": rss_start, "windows": windows, "load_train": probe.as_dict(),
     }

@@ -90,6 +90,8 @@ class StepOutput:
     tokens: int  # target tokens of the update over all ranks
     lr: float
     batches: list[Batch]  # this rank's micro-batches (on the device)
+    # fp16 only: 1 when the loss scaler skipped this update (its gradients overflowed), else 0
+    skipped: Optional[torch.Tensor] = None
 
     @property
     def loss_per_token(self) -> torch.Tensor:
@@ -217,13 +219,15 @@ class Trainer:
         if self.loss_scale is not None:
             self.loss_scale.before_update()
         self.scaler.update()
+        skipped = None
         if self.loss_scale is not None:
             self.loss_scale.after_update()
+            skipped = self.loss_scale.last_overflow
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         if self.parts.update_hook is not None:
             self.parts.update_hook(self.model, self.state.step)
-        out = StepOutput(loss_sum, nll_parts, grad_norm, ntokens, lr, batches)
+        out = StepOutput(loss_sum, nll_parts, grad_norm, ntokens, lr, batches, skipped)
         self._callbacks("on_step_end", out)
         return out
 
@@ -255,14 +259,15 @@ class Trainer:
         valid = self.validation_loss()
         self._callbacks("on_validate", valid)
         s.last_valid = valid
-        if s.best_valid_loss is None or valid["loss"] < s.best_valid_loss:
+        # a non-finite validation (an fp16 overflow) is never the best
+        if math.isfinite(valid["loss"]) and (s.best_valid_loss is None or valid["loss"] < s.best_valid_loss):
             s.best_valid_loss = valid["loss"]
-        if s.best_valid_nll is None or valid["nll_loss"] < s.best_valid_nll:
+        if math.isfinite(valid["nll_loss"]) and (s.best_valid_nll is None or valid["nll_loss"] < s.best_valid_nll):
             s.best_valid_nll = valid["nll_loss"]
         if t.best_checkpoint_metric in ("loss", "bleu"):
             value = valid["loss"] if t.best_checkpoint_metric == "loss" else valid["bleu"]
             sign = 1.0 if t.best_checkpoint_metric == "loss" else -1.0
-            if s.best_metric is None or sign * value < sign * s.best_metric:
+            if math.isfinite(value) and (s.best_metric is None or sign * value < sign * s.best_metric):
                 s.best_metric = value
                 self._callbacks("on_best")
         self._callbacks("on_record", {"split": "valid", "step": s.step, "epoch": s.pos.epoch,
@@ -335,7 +340,7 @@ class Trainer:
                 out = self.step()
                 lr = out.lr
                 window.add(out)
-                monitor.add(out.loss_sum * (self.world / out.tokens))  # this rank's share
+                monitor.add(out.loss_sum * (self.world / out.tokens), out.skipped)  # this rank's share
                 elapsed = time.perf_counter() - tick
                 window.seconds += elapsed
                 s.train_tokens += out.tokens
@@ -372,19 +377,31 @@ class Trainer:
 
 class TrainWindow:
     """Sums over one log window, kept on the device: no host sync per update on CUDA, read
-    only when a record is made."""
+    only when a record is made. Updates the fp16 loss scaler skipped count for throughput but
+    not for the loss and gradient norm (as fairseq drops an overflowed step's logging outputs):
+    their values are inf/nan, and no weight changed."""
 
     def __init__(self, device: torch.device):
         self.loss = torch.zeros((), device=device)
         self.nll = torch.zeros((), device=device)
         self.grad_norm = torch.zeros((), device=device)
         self.tokens, self.updates, self.seconds = 0, 0, 0.0
+        self.kept: Optional[torch.Tensor] = None  # fp16: (target tokens, updates) not skipped
 
     def add(self, out: StepOutput) -> None:
-        self.loss += out.loss_sum
-        for part in out.nll_parts:  # one by one: the order float sums were always in
-            self.nll += part
-        self.grad_norm += out.grad_norm.detach().float()
+        if out.skipped is None:
+            self.loss += out.loss_sum
+            for part in out.nll_parts:  # one by one: the order float sums were always in
+                self.nll += part
+            self.grad_norm += out.grad_norm.detach().float()
+        else:
+            keep = out.skipped == 0
+            self.loss += torch.where(keep, out.loss_sum, 0.0)
+            for part in out.nll_parts:
+                self.nll += torch.where(keep, part, 0.0)
+            self.grad_norm += torch.where(keep, out.grad_norm.detach().float(), 0.0)
+            counts = keep * torch.tensor([out.tokens, 1], device=keep.device)
+            self.kept = counts if self.kept is None else self.kept + counts
         self.tokens += out.tokens
         self.updates += 1
 
@@ -392,11 +409,14 @@ class TrainWindow:
         """The window's train record (per-token means over all ranks); starts a new window."""
         sums = trainer.all_reduce(torch.stack([self.loss, self.nll]))
         s = trainer.state
+        tokens, updates = self.tokens, self.updates
+        if self.kept is not None:  # fp16: only the updates that trained (nan if none did)
+            tokens, updates = (int(v) for v in self.kept.tolist())
         record = {
             "split": "train", "step": s.step, "epoch": s.pos.epoch,
-            "loss": float(sums[0]) / max(self.tokens, 1),
-            "nll_loss": float(sums[1]) / max(self.tokens, 1),
-            "lr": lr, "grad_norm": float(self.grad_norm) / max(self.updates, 1),
+            "loss": float(sums[0]) / tokens if tokens else math.nan,
+            "nll_loss": float(sums[1]) / tokens if tokens else math.nan,
+            "lr": lr, "grad_norm": float(self.grad_norm) / updates if updates else math.nan,
             "tokens_per_s": self.tokens / max(self.seconds, 1e-9),
             "wall_s": trainer.wall_s(),
         }
@@ -405,6 +425,7 @@ class TrainWindow:
             record["overflows"] = trainer.loss_scale.overflow_count()
         self.loss.zero_(); self.nll.zero_(); self.grad_norm.zero_()
         self.tokens, self.updates, self.seconds = 0, 0, 0.0
+        self.kept = None
         return record
 
 
@@ -412,8 +433,9 @@ class DivergenceMonitor:
     """A run diverges when its loss becomes non-finite, or stays above `bound` nats per token for
     `patience` consecutive updates (trainer.divergence). Counted on the device; checked every
     trainer.divergence.check_interval updates, when the ranks agree. With fp16 loss scaling a
-    non-finite loss is an overflow the scaler skips, not a divergence; the run diverges when the
-    scale falls below trainer.min_loss_scale instead (runner/train/loss_scale.py)."""
+    non-finite loss in an update the scaler skipped is an overflow, not a divergence (a
+    non-finite loss whose gradients were finite, so that the update was applied, still is); such
+    a run diverges when the scale falls below trainer.min_loss_scale (runner/train/loss_scale.py)."""
 
     def __init__(self, device: torch.device, bad_streak: float, bound: float, patience: int,
                  loss_scale: Optional[LossScaleMonitor] = None):
@@ -422,9 +444,11 @@ class DivergenceMonitor:
         self.max_streak = torch.zeros((), device=device)
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)
 
-    def add(self, loss_per_token: torch.Tensor) -> None:
-        if self.loss_scale is None:
-            self.nonfinite |= ~torch.isfinite(loss_per_token)
+    def add(self, loss_per_token: torch.Tensor, skipped: Optional[torch.Tensor] = None) -> None:
+        bad = ~torch.isfinite(loss_per_token)
+        if skipped is not None:  # fp16: the scaler skipped this update
+            bad = bad & (skipped == 0)
+        self.nonfinite |= bad
         self.streak = (self.streak + 1) * (loss_per_token > self.bound)
         self.max_streak = torch.maximum(self.max_streak, self.streak)
 

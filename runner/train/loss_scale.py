@@ -7,7 +7,8 @@ until it is tiny and never updates again: fairseq stops such a run ("Minimum los
 reached", `--min-loss-scale`, default 1e-4, fairseq/optim/dynamic_loss_scaler.py), and so does
 deepinit (trainer.min_loss_scale), as a divergence with its own reason.
 
-Everything stays on the device: reading the scale is a host sync, done only when a record is made.
+Everything stays on the device: reading the scale is a host sync, done only when a record is made
+or divergence is checked.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class LossScaleMonitor:
     def __init__(self, scaler: torch.amp.GradScaler, min_scale: float):
         self.scaler, self.min_scale = scaler, min_scale
         self.overflows: Optional[torch.Tensor] = None  # device long, cumulative
+        self.last_overflow: Optional[torch.Tensor] = None  # device long: 1 if the last update was skipped
         self._previous: Optional[torch.Tensor] = None
 
     def before_update(self) -> None:
@@ -47,6 +49,7 @@ class LossScaleMonitor:
     def after_update(self) -> None:
         scale = current_scale(self.scaler)
         step = overflowed(self._previous.to(scale.device), scale)
+        self.last_overflow = step
         self.overflows = step if self.overflows is None else self.overflows + step
 
     def scale(self) -> float:
