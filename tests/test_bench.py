@@ -206,9 +206,9 @@ def test_reference_trains_on_the_entrys_batches(with_reference):
         assert len({r[key] for r in row["deepinit_runs"] + row["reference_runs"]}) == 1
 
 
-def test_update_freq_counts_whole_updates(tmp_path, with_reference):
+def test_update_freq_counts_whole_updates(tmp_path):
     """With trainer.update_freq=2 an update is two micro-batches: deepinit's windows count both,
-    as the reference's do (the same batches), and an update holds about twice the tokens."""
+    as the reference's do (the same batches)."""
     out = tmp_path / "bench.json"
     rc = main_bench(["--quick", "--presets", "ci", "--depths", "--reference", "--reps", "1", "--no-decode",
                      "--threads", "1", "--work", str(tmp_path / "work"), "--out", str(out),
@@ -218,8 +218,8 @@ def test_update_freq_counts_whole_updates(tmp_path, with_reference):
     ours, ref = row["deepinit_runs"][0], row["reference_runs"][0]
     assert [w["tokens"] for w in ours["windows"]] == [w["tokens"] for w in ref["windows"]]
     assert ours["tokens_per_update"] == ref["tokens_per_update"]
-    single = with_reference[1]["reference"]["ci"]["deepinit_runs"][0]["tokens_per_update"]
-    assert 1.6 < ours["tokens_per_update"] / single < 2.4
+    # the reference groups micro-batches into updates as the Trainer does (tested below), so equal
+    # windows mean deepinit's count whole updates (counting per micro-batch covered half of them)
 
 
 def test_reference_batches_are_the_trainers_in_order():
