@@ -791,6 +791,57 @@ def run_real(target: Target, args) -> int:
     return 1 if crashed else 0
 
 
+# `deepinit reproduce all --scale real`: every real-tier suite through one pool of cells, in this
+# order: Table 2 first, then the T-Fixup depth scan and the tables of the methods since 2019
+# without warmup, then the other papers' tables, the grid, and the with-warmup and transfer rows.
+REAL_SUITE_ORDER = ("table2", "tfixup-depth", "schemes-norms", "schemes-scaling", "lipschitz",
+                    "schemes-postln", "schemes-other", "grid", "schemes-norms-warmup",
+                    "schemes-scaling-warmup", "mup-transfer")
+
+
+def run_all_real(args) -> int:
+    """Every real-tier suite's cells without a record, `--parallel` at a time in one pool (a
+    core freed at the end of one suite starts the next suite's first cell); each suite's report
+    is written as soon as its last cell has finished."""
+    if args.overrides:
+        print("deepinit reproduce all: overrides change one target's cells; run that target by itself",
+              file=sys.stderr)
+        return 2
+    parallel = args.parallel or os.cpu_count() or 1
+    jobs, costs, plans = [], [], {}
+    print(f"reproduce all (real data): {len(REAL_SUITE_ORDER)} suites, records in {results_root()}")
+    for name in REAL_SUITE_ORDER:
+        target = TARGETS[name]
+        part = target.parts["real"][0]
+        cells = suite.plan(part.preset)
+        records = Records.load(suite.results_dir(name))
+        suite.attach_records(cells, records)
+        todo = suite.seed_major(cells)
+        minutes = float((load_preset(part.preset).get("sweep") or {}).get("cpu_minutes_per_cell") or 0)
+        work = sweep_dir_for(args.out.resolve(), name, "real")
+        jobs += [suite.Job(cell, work, records, name) for cell in todo]
+        costs += [minutes * 60] * len(todo)
+        plans[name] = (target, part, cells)
+        print(f"  {name:24s} {len(cells) - len(todo):3d} of {len(cells):3d} cells have a record; "
+              f"{len(todo)} to train (~{minutes:.0f} min each)")
+    print(f"estimated wall time: ~{_fmt_time(sum(costs) / parallel)} for {len(jobs)} cells, {parallel} at a "
+          "time on an idle machine (each preset's cpu_minutes_per_cell)")
+    if args.dry_run:
+        return 0
+
+    def report(name: str) -> None:
+        target, part, cells = plans[name]
+        path = suite.write_report(target.name, target.title, part.preset, cells)
+        print(f"{name}: report written to {path}")
+
+    crashed = 0 if args.table_only else suite.run_jobs(jobs, parallel, report)
+    for name in plans:  # every report, finished or not, from the records as they are now
+        report(name)
+    if crashed:
+        print(f"{crashed} cell(s) failed: their .out files under {args.out.resolve()} say why", file=sys.stderr)
+    return 1 if crashed else 0
+
+
 def real_tier_status(parallel: int) -> list[dict]:
     """Per target with a real tier: planned cells, records by status, verdicts by kind, and the
     estimated wall time of the cells without a record (`parallel` at a time, each preset's
@@ -852,6 +903,11 @@ def run(args) -> int:
         return 0
     if args.target == "status":
         return print_status(args.parallel or os.cpu_count() or 1)
+    if args.target == "all":
+        if args.scale not in (None, "real"):
+            print("deepinit reproduce all: only --scale real (every real-tier suite)", file=sys.stderr)
+            return 2
+        return run_all_real(args)
     t0 = time.perf_counter()
     target = TARGETS[args.target]
     scale = args.scale or next(s for s in (("paper", "cpu", "real") if gpu_visible() else

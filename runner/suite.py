@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -85,51 +85,86 @@ def _cell_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
 
 
+@dataclass
+class Job:
+    """One cell to train, with where its run folder and its record go. `group` names its suite
+    (the target) when one pool trains several suites."""
+
+    cell: SuiteCell
+    work: Path
+    records: Records
+    group: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.group}: {self.cell.label}" if self.group else self.cell.label
+
+
+def seed_major(cells: Sequence[SuiteCell]) -> list[SuiteCell]:
+    """The cells without a record, every arm's first seed before any arm's second: a partial
+    suite covers every arm."""
+    return sorted((c for c in cells if c.record is None), key=lambda c: c.seed)
+
+
 def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int) -> int:
     """Train the cells without a record, `parallel` at a time, one thread each; write each
     finished cell's record at once. Returns the number of cells that crashed."""
-    # every arm's first seed before any arm's second: a partial suite covers every arm
-    todo = sorted((c for c in cells if c.record is None), key=lambda c: c.seed)
+    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel)
+
+
+def run_jobs(jobs: Sequence[Job], parallel: int,
+             on_group_done: Optional[Callable[[str], None]] = None) -> int:
+    """Train the jobs in order, `parallel` at a time, one thread each, writing each finished
+    cell's record at once; a slot that frees takes the next job whatever its suite, so no core
+    idles between suites. `on_group_done(group)` runs when a group's last job has finished.
+    Returns the number of cells that crashed."""
     env = _cell_env()
-    work.mkdir(parents=True, exist_ok=True)
-    running: list[tuple[SuiteCell, subprocess.Popen, object]] = []
+    running: list[tuple[Job, subprocess.Popen, object]] = []
+    left = {}
+    for job in jobs:
+        left[job.group] = left.get(job.group, 0) + 1
     crashed = 0
     columns = (TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[now]}"))
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("cells", total=len(todo), now="")
-        queue = list(todo)
+        task = progress.add_task("cells", total=len(jobs), now="")
+        queue = list(jobs)
         while queue or running:
             while queue and len(running) < parallel:
-                cell = queue.pop(0)
-                run_dir = work / cell.name
-                log = open(work / f"{cell.name}.out", "w")
-                cmd = [sys.executable, "-m", "runner.cli", "train", *cell.overrides, "trainer.threads=1",
+                job = queue.pop(0)
+                job.work.mkdir(parents=True, exist_ok=True)
+                run_dir = job.work / job.cell.name
+                log = open(job.work / f"{job.cell.name}.out", "w")
+                cmd = [sys.executable, "-m", "runner.cli", "train", *job.cell.overrides, "trainer.threads=1",
                        "trainer.progress=false", f"hydra.run.dir='{run_dir}'"]
-                running.append((cell, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                       env=env), log))
-                progress.update(task, now=f"running: {', '.join(c.label for c, _, _ in running)}")
+                running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                      env=env), log))
+                progress.update(task, now=f"running: {', '.join(j.label for j, _, _ in running)}")
             time.sleep(2.0)
             for item in list(running):
-                cell, proc, log = item
+                job, proc, log = item
                 if proc.poll() is None:
                     continue
                 running.remove(item)
                 log.close()
-                record = record_from_run(work / cell.name, cell.key, cell.arm, cell.seed)
+                cell = job.cell
+                record = record_from_run(job.work / cell.name, cell.key, cell.arm, cell.seed)
                 if record is None or record["status"] == "failed":
                     crashed += 1
                     reason = (record or {}).get("reason") or f"exit code {proc.returncode}"
-                    console.print(f"[red]failed[/] {cell.label}: {reason} ({work / cell.name})")
+                    console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name})")
                 else:
                     cell.record = record
-                    records.put(record)
-                    records.save()
-                    console.print(f"{record['status']:>8} {cell.label}: best valid loss "
+                    job.records.put(record)
+                    job.records.save()
+                    console.print(f"{record['status']:>8} {job.label}: best valid loss "
                                   f"{_fmt(record.get('best_valid_loss'), '.3f')}, BLEU "
                                   f"{_fmt(record.get('bleu'), '.2f')}, {record.get('wall_s') or 0:.0f} s")
+                left[job.group] -= 1
+                if left[job.group] == 0 and on_group_done is not None:
+                    on_group_done(job.group)
                 progress.advance(task)
-                progress.update(task, now=f"running: {', '.join(c.label for c, _, _ in running)}")
+                progress.update(task, now=f"running: {', '.join(j.label for j, _, _ in running)}")
     return crashed
 
 

@@ -387,3 +387,14 @@ def test_status_counts_records_claims_and_time_left(tmp_path, monkeypatch, capsy
     assert reproduce_main(["status", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
     assert "table2" in out and "2/21" in out and "8 incomplete" in out
+
+
+def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
+    assert reproduce_main(["all", "--scale", "real", "--dry-run", "--parallel", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "11 suites" in out and "284 cells, 2 at a time" in out  # no records in this results folder
+    assert out.index("table2") < out.index("tfixup-depth") < out.index("mup-transfer")
+    assert reproduce_main(["all", "--dry-run", "model.layers=6"]) == 2
+    assert reproduce_main(["all", "--scale", "cpu", "--dry-run"]) == 2
+    assert "only --scale real" in capsys.readouterr().err

@@ -99,3 +99,27 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     assert "8 with a record" in second.stdout
     assert (tmp_path / "results" / "table2" / "real" / "report.md").read_text() == report
+
+
+@pytest.mark.slow
+def test_one_pool_trains_several_suites_and_reports_each_when_done(tmp_path):
+    from runner.records import Records
+
+    cells = suite.plan("reproduce_table2_real", SHRINK)
+    first, second = cells[:2], cells[2:3]
+    a, b = Records.load(tmp_path / "a"), Records.load(tmp_path / "b")
+    jobs = [suite.Job(c, tmp_path / "work-a", a, "a") for c in first] + \
+        [suite.Job(c, tmp_path / "work-b", b, "b") for c in second]
+    done = []
+    assert suite.run_jobs(jobs, parallel=2, on_group_done=done.append) == 0
+    assert sorted(done) == ["a", "b"]  # each group reported once, when its last cell ended
+    assert len(Records.load(tmp_path / "a").by_key) == 2 and len(Records.load(tmp_path / "b").by_key) == 1
+    assert all(c.record is not None and c.record["status"] in ("ok", "stalled") for c in first + second)
+    assert (tmp_path / "work-b" / second[0].name / "result.json").is_file()
+
+
+def test_all_real_suites_are_in_the_pool_order():
+    from runner import reproduce as rp
+
+    real = [name for name, t in rp.TARGETS.items() if "real" in t.parts]
+    assert sorted(rp.REAL_SUITE_ORDER) == sorted(real) and len(set(rp.REAL_SUITE_ORDER)) == len(real)
