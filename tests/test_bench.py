@@ -323,3 +323,13 @@ def test_gpu_presets_compose_to_their_shapes():
         assert (m.dim, m.ffn_dim, m.heads, m.num_encoder_layers, m.num_decoder_layers) == (
             dim, ffn, heads, layers, layers)
         assert vocab is None and max_tokens == PRESETS["base"][2] and SCHEDULE[name] == SCHEDULE["base"]
+
+
+def test_tables_print_when_the_first_entry_failed(capsys):
+    from runner.bench import print_tables
+
+    report = {"peak": {"gflops": 100.0, "dtype": "fp32", "source": "measured"},
+              "machine": {"device_name": "cpu", "threads": 1},
+              "entries": [{"name": "small", "group": "preset", "status": "failed", "error": "boom"}]}
+    print_tables(report)
+    assert "failed" in capsys.readouterr().out

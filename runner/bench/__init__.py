@@ -794,7 +794,8 @@ def print_tables(report: dict) -> None:
                       _fmt((e.get("greedy") or {}).get("sentences_per_s"), ".1f"),
                       f"{e['load_train']['other_cores']:.2f}")
         console.print(t)
-        console.print(f"tok/s: target tokens per second, median of {len(entries[0]['windows'])} timed "
+        timed = next((len(e["windows"]) for e in entries if e["status"] != "failed"), 0)
+        console.print(f"tok/s: target tokens per second, median of {timed} timed "
                       f"windows; MFU: model FLOPs per target token x tok/s / peak ({peak['gflops']:,.0f} "
                       f"GFLOP/s {peak['dtype']}, {peak['source']}); load: cores other processes used.")
     depth = [e for e in report["entries"] if e["group"] == "depth"]
