@@ -8,6 +8,7 @@
 #   make bench-peer PEER_TOOLS=DIR   the same side by side with fairseq (DIR: the peer scripts)
 #   make reproduce-TARGET   a published table, e.g. reproduce-table2 [SCALE=cpu|real|paper]
 #                           (deepinit reproduce list: the targets; docs/reproductions.md)
+#   make reproduce-all      every real-data suite's missing cells in one pool (many hours on CPU)
 #   make example-multi30k   a small model on Multi30k De->En on CPU, scored on test2016
 #   make clean              remove build outputs (build, dist, *.egg-info, .pytest_cache)
 #   (all but clean run make setup first if needed)
@@ -23,7 +24,7 @@ PYTEST_ARGS ?=
 .PHONY: setup test test-fast test-cuda train clean help
 
 help:
-	@sed -n '2,13s/^# //p' Makefile
+	@sed -n '2,14s/^# //p' Makefile
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -103,7 +104,7 @@ REPRODUCE_ARGS ?=
 REPRODUCE_TARGETS := reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz \
                      reproduce-schemes-postln reproduce-schemes-other reproduce-schemes-norms \
                      reproduce-schemes-scaling reproduce-schemes-norms-warmup \
-                     reproduce-schemes-scaling-warmup reproduce-mup-transfer
+                     reproduce-schemes-scaling-warmup reproduce-mup-transfer reproduce-all
 .PHONY: $(REPRODUCE_TARGETS)
 $(REPRODUCE_TARGETS): $(INSTALLED)
 	$(BIN)/deepinit reproduce $(@:reproduce-%=%) $(if $(SCALE),--scale $(SCALE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY_RUN),--dry-run) $(REPRODUCE_ARGS)
