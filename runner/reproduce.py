@@ -758,17 +758,37 @@ def write_outputs(outcome: Outcome, metric: str, echo=print) -> Path:
     return path
 
 
+@dataclass
+class RealSuite:
+    """A target's real tier as it stands: its planned cells with the records they have."""
+
+    target: Target
+    part: Part
+    cells: list
+    records: Records
+    minutes: float  # the preset's cpu_minutes_per_cell (0: none given)
+
+    @property
+    def todo(self) -> list:
+        """The cells without a record, seed-major (the order they are trained in)."""
+        return suite.seed_major(self.cells)
+
+
+def real_suite(target: Target, overrides: Sequence[str] = ()) -> RealSuite:
+    part = target.parts["real"][0]
+    cells = suite.plan(part.preset, list(overrides))
+    records = Records.load(suite.results_dir(target.name))
+    suite.attach_records(cells, records)
+    minutes = float((load_preset(part.preset).get("sweep") or {}).get("cpu_minutes_per_cell") or 0)
+    return RealSuite(target, part, cells, records, minutes)
+
+
 def run_real(target: Target, args) -> int:
     """SCALE=real: the target's Multi30k suite, cell by cell on this machine, with records in
     results/<target>/real/ (runner/suite.py)."""
-    part = target.parts["real"][0]
     parallel = args.parallel or os.cpu_count() or 1
-    cells = suite.plan(part.preset, list(args.overrides))
-    records = Records.load(suite.results_dir(target.name))
-    suite.attach_records(cells, records)
-    todo = [c for c in cells if c.record is None]
-    preset = load_preset(part.preset)
-    minutes = float((preset.get("sweep") or {}).get("cpu_minutes_per_cell") or 0)
+    real = real_suite(target, args.overrides)
+    part, cells, records, todo, minutes = real.part, real.cells, real.records, real.todo, real.minutes
     work = sweep_dir_for(args.out.resolve(), target.name, "real")
     print(f"reproduce-{target.name} (real data): {target.title}")
     print(f"preset sweeps/{part.preset}.yaml: {len(cells)} cells, {len(cells) - len(todo)} with a "
@@ -811,27 +831,20 @@ def run_all_real(args) -> int:
     jobs, costs, plans = [], [], {}
     print(f"reproduce all (real data): {len(REAL_SUITE_ORDER)} suites, records in {results_root()}")
     for name in REAL_SUITE_ORDER:
-        target = TARGETS[name]
-        part = target.parts["real"][0]
-        cells = suite.plan(part.preset)
-        records = Records.load(suite.results_dir(name))
-        suite.attach_records(cells, records)
-        todo = suite.seed_major(cells)
-        minutes = float((load_preset(part.preset).get("sweep") or {}).get("cpu_minutes_per_cell") or 0)
-        work = sweep_dir_for(args.out.resolve(), name, "real")
-        jobs += [suite.Job(cell, work, records, name) for cell in todo]
-        costs += [minutes * 60] * len(todo)
-        plans[name] = (target, part, cells)
-        print(f"  {name:24s} {len(cells) - len(todo):3d} of {len(cells):3d} cells have a record; "
-              f"{len(todo)} to train (~{minutes:.0f} min each)")
+        real = plans[name] = real_suite(TARGETS[name])
+        todo, work = real.todo, sweep_dir_for(args.out.resolve(), name, "real")
+        jobs += [suite.Job(cell, work, real.records, name) for cell in todo]
+        costs += [real.minutes * 60] * len(todo)
+        print(f"  {name:24s} {len(real.cells) - len(todo):3d} of {len(real.cells):3d} cells have a record; "
+              f"{len(todo)} to train (~{real.minutes:.0f} min each)")
     print(f"estimated wall time: ~{_fmt_time(sum(costs) / parallel)} for {len(jobs)} cells, {parallel} at a "
           "time on an idle machine (each preset's cpu_minutes_per_cell)")
     if args.dry_run:
         return 0
 
     def report(name: str) -> None:
-        target, part, cells = plans[name]
-        path = suite.write_report(target.name, target.title, part.preset, cells)
+        real = plans[name]
+        path = suite.write_report(name, real.target.title, real.part.preset, real.cells)
         print(f"{name}: report written to {path}")
 
     crashed = 0 if args.table_only else suite.run_jobs(jobs, parallel, report)
@@ -850,14 +863,12 @@ def real_tier_status(parallel: int) -> list[dict]:
     for target in TARGETS.values():
         if "real" not in target.parts:
             continue
-        preset = target.parts["real"][0].preset
-        cells = suite.plan(preset)
-        suite.attach_records(cells, Records.load(suite.results_dir(target.name)))
+        real = real_suite(target)
+        cells, minutes = real.cells, real.minutes
         done = [c.record for c in cells if c.record is not None]
-        minutes = float((load_preset(preset).get("sweep") or {}).get("cpu_minutes_per_cell") or 0)
         todo = len(cells) - len(done)
         verdict_counts: dict[str, int] = {}
-        for verdict in suite.verdicts(preset, cells):
+        for verdict in suite.verdicts(real.part.preset, cells):
             verdict_counts[verdict.verdict] = verdict_counts.get(verdict.verdict, 0) + 1
         rows.append({"target": target.name, "cells": len(cells), "records": len(done),
                      **{status: sum(r["status"] == status for r in done) for status in ("ok", "diverged", "stalled")},

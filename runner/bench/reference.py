@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.config import Config
-from runner.data.batching import Batch, collate
+from runner.data.batching import Batch
 from runner.data.dataset import TokenizedSplit
 from runner.run.build import RunParts, build_run
-from runner.train.loop import DataPosition, batch_stream
+from runner.train.loop import DataPosition, batch_stream, next_update
 from runner.train.optim import set_lr
 from runner.train.schedule import lr_at
 
@@ -146,20 +146,14 @@ def reference_loss(logits: torch.Tensor, target: torch.Tensor, pad: int, label_s
 
 
 def update_batches(parts: RunParts) -> Iterator[tuple[list[np.ndarray], list[Batch], int]]:
-    """deepinit's updates in deepinit's order, one process (Trainer._next_batches): for every
-    update, its micro-batches' sentence indices, the collated batches on the device, and the
-    update's target tokens."""
-    cfg, split = parts.cfg, parts.train_split
+    """deepinit's updates in deepinit's order, one process (the Trainer's `next_update`): for
+    every update, its micro-batches' sentence indices, the collated batches on the device, and
+    the update's target tokens."""
+    cfg = parts.cfg
     stream = batch_stream(parts.batches, cfg.trainer.seed, DataPosition())
     while True:
-        group = [next(stream) for _ in range(cfg.trainer.update_freq)]
-        batches = []
-        for indices in group:
-            batch = collate(split, indices, parts.pad, parts.eos)
-            if parts.device.type == "cuda":
-                batch = batch.pin_memory()
-            batches.append(batch.to(parts.device, non_blocking=True))
-        yield group, batches, int(sum(split.tgt_lengths[g].sum() for g in group))
+        yield next_update(stream, parts.train_split, cfg.trainer.update_freq, 1, 0, parts.pad, parts.eos,
+                          parts.device)
 
 
 @dataclass

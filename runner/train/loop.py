@@ -129,6 +129,24 @@ class Callback:
     def on_checkpoint(self, trainer: "Trainer") -> None: ...
 
 
+def next_update(stream: Iterator[np.ndarray], split, update_freq: int, world: int, rank: int, pad: int,
+                eos: int, device: torch.device) -> tuple[list[np.ndarray], list[Batch], int]:
+    """One update's micro-batches from the batch stream: this rank's sentence indices, its
+    collated batches on `device`, and the update's target tokens over all ranks (every rank
+    knows every batch's lengths, so no communication is needed). Rank r takes the r-th of each
+    `world` consecutive batches."""
+    indices, batches, global_tokens = [], [], 0
+    for _ in range(update_freq):
+        group = [next(stream) for _ in range(world)]
+        global_tokens += int(sum(split.tgt_lengths[g].sum() for g in group))
+        batch = collate(split, group[rank], pad, eos)
+        if device.type == "cuda":
+            batch = batch.pin_memory()
+        indices.append(group[rank])
+        batches.append(batch.to(device, non_blocking=True))
+    return indices, batches, global_tokens
+
+
 # ----------------------------------------------------------------------------- the loop
 class Trainer:
     """Trains `parts` (a runner.run.build.RunParts: config, device, data, model, optimizer)."""
@@ -177,18 +195,10 @@ class Trainer:
 
     # ---- one update
     def _next_batches(self) -> tuple[list[Batch], int]:
-        """This rank's micro-batches of one update and the update's target tokens over all
-        ranks (every rank knows every batch's lengths, so no communication is needed)."""
-        split, pad, eos = self.parts.train_split, self.parts.pad, self.parts.eos
-        out, global_tokens = [], 0
-        for _ in range(self.cfg.trainer.update_freq):
-            group = [next(self.stream) for _ in range(self.world)]  # rank r takes group[r]
-            global_tokens += int(sum(split.tgt_lengths[g].sum() for g in group))
-            batch = collate(split, group[self.rank], pad, eos)
-            if self.device.type == "cuda":
-                batch = batch.pin_memory()
-            out.append(batch.to(self.device, non_blocking=True))
-        return out, global_tokens
+        """This rank's micro-batches of one update and the update's target tokens over all ranks."""
+        _, batches, tokens = next_update(self.stream, self.parts.train_split, self.cfg.trainer.update_freq,
+                                         self.world, self.rank, self.parts.pad, self.parts.eos, self.device)
+        return batches, tokens
 
     def step(self) -> StepOutput:
         """One optimizer update: lr from the schedule, forward/backward of the update's
@@ -386,7 +396,9 @@ class TrainWindow:
         self.nll = torch.zeros((), device=device)
         self.grad_norm = torch.zeros((), device=device)
         self.tokens, self.updates, self.seconds = 0, 0, 0.0
-        self.kept: Optional[torch.Tensor] = None  # fp16: (target tokens, updates) not skipped
+        # fp16: target tokens and updates of the window that the scaler did not skip (device)
+        self.kept_tokens: Optional[torch.Tensor] = None
+        self.kept_updates: Optional[torch.Tensor] = None
 
     def add(self, out: StepOutput) -> None:
         if out.skipped is None:
@@ -400,8 +412,11 @@ class TrainWindow:
             for part in out.nll_parts:
                 self.nll += torch.where(keep, part, 0.0)
             self.grad_norm += torch.where(keep, out.grad_norm.detach().float(), 0.0)
-            counts = keep * torch.tensor([out.tokens, 1], device=keep.device)
-            self.kept = counts if self.kept is None else self.kept + counts
+            tokens, updates = keep.long() * out.tokens, keep.long()  # no host-to-device copy
+            if self.kept_tokens is None:
+                self.kept_tokens, self.kept_updates = tokens, updates
+            else:
+                self.kept_tokens, self.kept_updates = self.kept_tokens + tokens, self.kept_updates + updates
         self.tokens += out.tokens
         self.updates += 1
 
@@ -410,8 +425,8 @@ class TrainWindow:
         sums = trainer.all_reduce(torch.stack([self.loss, self.nll]))
         s = trainer.state
         tokens, updates = self.tokens, self.updates
-        if self.kept is not None:  # fp16: only the updates that trained (nan if none did)
-            tokens, updates = (int(v) for v in self.kept.tolist())
+        if self.kept_tokens is not None:  # fp16: only the updates that trained (nan if none did)
+            tokens, updates = int(self.kept_tokens), int(self.kept_updates)
         record = {
             "split": "train", "step": s.step, "epoch": s.pos.epoch,
             "loss": float(sums[0]) / tokens if tokens else math.nan,
@@ -425,7 +440,7 @@ class TrainWindow:
             record["overflows"] = trainer.loss_scale.overflow_count()
         self.loss.zero_(); self.nll.zero_(); self.grad_norm.zero_()
         self.tokens, self.updates, self.seconds = 0, 0, 0.0
-        self.kept = None
+        self.kept_tokens = self.kept_updates = None
         return record
 
 
