@@ -986,7 +986,13 @@ def run(args) -> int:
             cmd = deepinit_command(part, pdir, extra, launch)
             print(f"\nrunning {sum(c.status not in FINISHED for c in cells)} unfinished cells of "
                   f"{part.preset} ...", flush=True)
-            proc = subprocess.run(cmd, env=env, cwd=os.getcwd())
+            proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd())
+            try:
+                proc.wait()
+            except BaseException:  # SIGTERM here stops the sweep's launcher, which stops its cells
+                # (after a Ctrl-C it is already stopping them, within its stop_grace_s of 10 s)
+                suite.stop_cells([proc], settle_s=15.0)
+                raise
             if proc.returncode:
                 print(f"deepinit -m exited with {proc.returncode} (cells' train.log files say why)",
                       file=sys.stderr)

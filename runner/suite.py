@@ -117,55 +117,105 @@ def run_jobs(jobs: Sequence[Job], parallel: int,
     """Train the jobs in order, `parallel` at a time, one thread each, writing each finished
     cell's record at once; a slot that frees takes the next job whatever its suite, so no core
     idles between suites. `on_group_done(group)` runs when a group's last job has finished.
-    Returns the number of cells that crashed."""
-    env = _cell_env()
-    running: list[tuple[Job, subprocess.Popen, object]] = []
-    left = {}
-    for job in jobs:
-        left[job.group] = left.get(job.group, 0) + 1
-    crashed = 0
+    Ctrl-C or SIGTERM stops the running cells (`stop_cells`) before it propagates. Returns the
+    number of cells that crashed."""
+    pool = _Pool(jobs, parallel, on_group_done)
     columns = (TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[now]}"))
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("cells", total=len(jobs), now="")
-        queue = list(jobs)
-        while queue or running:
-            while queue and len(running) < parallel:
-                job = queue.pop(0)
-                job.work.mkdir(parents=True, exist_ok=True)
-                run_dir = job.work / job.cell.name
-                log = open(job.work / f"{job.cell.name}.out", "w")
-                cmd = [sys.executable, "-m", "runner.cli", "train", *job.cell.overrides, "trainer.threads=1",
-                       "trainer.progress=false", f"hydra.run.dir='{run_dir}'"]
-                running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                      env=env), log))
-                progress.update(task, now=f"running: {', '.join(j.label for j, _, _ in running)}")
+        try:
+            return pool.run(progress)
+        except BaseException:  # Ctrl-C, SIGTERM (cells.Interrupted), an error: no orphan cells
+            progress.stop()
+            stop_cells([proc for _, proc, _ in pool.running])
+            raise
+
+
+def stop_cells(procs: Sequence[subprocess.Popen], grace_s: float = 60.0,
+               settle_s: float = 2.0) -> None:
+    """Stop running cells so that none trains on orphaned (a later call would start the same
+    cell in the same folder): SIGTERM, which a cell handles like Ctrl-C (it writes
+    interrupted.json, and the next call resumes it from checkpoint_last), then SIGKILL after
+    grace_s. Processes that a Ctrl-C in the terminal reached already get settle_s to end first."""
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class _Pool:
+    """run_jobs' state: the queue, the running cells (job, process, log file) and each group's
+    count of unfinished jobs."""
+
+    def __init__(self, jobs: Sequence[Job], parallel: int,
+                 on_group_done: Optional[Callable[[str], None]]):
+        self.queue = list(jobs)
+        self.parallel = parallel
+        self.on_group_done = on_group_done
+        self.running: list[tuple[Job, subprocess.Popen, object]] = []
+        self.left: dict[str, int] = {}
+        for job in jobs:
+            self.left[job.group] = self.left.get(job.group, 0) + 1
+        self.env = _cell_env()
+
+    def _now(self) -> str:
+        return f"running: {', '.join(j.label for j, _, _ in self.running)}"
+
+    def _start(self, job: Job) -> None:
+        job.work.mkdir(parents=True, exist_ok=True)
+        run_dir = job.work / job.cell.name
+        log = open(job.work / f"{job.cell.name}.out", "w")
+        cmd = [sys.executable, "-m", "runner.cli", "train", *job.cell.overrides, "trainer.threads=1",
+               "trainer.progress=false", f"hydra.run.dir='{run_dir}'"]
+        self.running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                   env=self.env), log))
+
+    def _finish(self, job: Job, proc: subprocess.Popen) -> bool:
+        """Record a cell whose process ended; False when it crashed."""
+        cell = job.cell
+        record = record_from_run(job.work / cell.name, cell.key, cell.arm, cell.seed)
+        if record is None or record["status"] == "failed":
+            reason = (record or {}).get("reason") or f"exit code {proc.returncode}"
+            console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name})")
+            return False
+        cell.record = record
+        job.records.put(record)
+        job.records.save()
+        console.print(f"{record['status']:>8} {job.label}: best valid loss "
+                      f"{_fmt(record.get('best_valid_loss'), '.3f')}, BLEU "
+                      f"{_fmt(record.get('bleu'), '.2f')}, {record.get('wall_s') or 0:.0f} s")
+        return True
+
+    def run(self, progress: Progress) -> int:
+        task = progress.add_task("cells", total=len(self.queue), now="")
+        crashed = 0
+        while self.queue or self.running:
+            while self.queue and len(self.running) < self.parallel:
+                self._start(self.queue.pop(0))
+                progress.update(task, now=self._now())
             time.sleep(2.0)
-            for item in list(running):
+            for item in list(self.running):
                 job, proc, log = item
                 if proc.poll() is None:
                     continue
-                running.remove(item)
+                self.running.remove(item)
                 log.close()
-                cell = job.cell
-                record = record_from_run(job.work / cell.name, cell.key, cell.arm, cell.seed)
-                if record is None or record["status"] == "failed":
-                    crashed += 1
-                    reason = (record or {}).get("reason") or f"exit code {proc.returncode}"
-                    console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name})")
-                else:
-                    cell.record = record
-                    job.records.put(record)
-                    job.records.save()
-                    console.print(f"{record['status']:>8} {job.label}: best valid loss "
-                                  f"{_fmt(record.get('best_valid_loss'), '.3f')}, BLEU "
-                                  f"{_fmt(record.get('bleu'), '.2f')}, {record.get('wall_s') or 0:.0f} s")
-                left[job.group] -= 1
-                if left[job.group] == 0 and on_group_done is not None:
-                    on_group_done(job.group)
+                crashed += not self._finish(job, proc)
+                self.left[job.group] -= 1
+                if self.left[job.group] == 0 and self.on_group_done is not None:
+                    self.on_group_done(job.group)
                 progress.advance(task)
-                progress.update(task, now=f"running: {', '.join(j.label for j, _, _ in running)}")
-    return crashed
+                progress.update(task, now=self._now())
+        return crashed
 
 
 # ----------------------------------------------------------------------------- the report

@@ -62,6 +62,46 @@ def _cell_dir(sweep_dir: Path, *overrides: str) -> Path:
     return sweep_dir / ",".join(sorted(overrides))
 
 
+def _send(pids, sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _holding_files_under(pids, folder: Path) -> set[int]:
+    """The processes among pids with a file open under folder (a training cell keeps its
+    train.log open)."""
+    held = set()
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith(str(folder) + os.sep):
+                held.add(pid)
+                break
+    return held
+
+
+def _sigint_pending(pid: int) -> bool:
+    """SIGINT waits in the process's pending set (/proc/PID/status, SigPnd or ShdPnd), or the
+    process is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    bit = 1 << (signal.SIGINT - 1)
+    return any(int(line.split()[1], 16) & bit for line in status.splitlines()
+               if line.startswith(("SigPnd:", "ShdPnd:")))
+
+
 @pytest.mark.slow
 def test_a_crashing_cell_fails_alone_with_its_own_error_file(tmp_path):
     """A cell that crashes (its checkpoint is corrupt) is recorded failed with its traceback in
@@ -107,7 +147,8 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes_the_cells(tmp_path):
     process ends, the started cells are marked interrupted (the third one never started), the
     driver exits 143 with the table; the same command then resumes the two from their
     checkpoints and runs the third."""
-    from hydra_plugins.deepinit_launcher.processes import alive, descendants
+    from hydra_plugins.deepinit_launcher.launcher import _CONTROLLER
+    from hydra_plugins.deepinit_launcher.processes import alive, cmdline, descendants
 
     sweep = tmp_path / "sweep"
     args = [*QUICK, "trainer.max_updates=100"]
@@ -116,16 +157,34 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes_the_cells(tmp_path):
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     cells = [_cell_dir(sweep, *args, f"trainer.seed={s}") for s in (1, 2, 3)]
     try:
+        # Freeze each cell's processes once it has a checkpoint, so that neither can finish
+        # before the other has one (seed 1 once trained its 100 updates while seed 2 was still
+        # starting) nor between here and the launcher's SIGINT; they are thawed once that SIGINT
+        # is pending, and handle it before training further.
+        frozen: set[int] = set()
         deadline = time.time() + 180
         while time.time() < deadline and driver.poll() is None:
-            if all((d / "checkpoint_last.pt").exists() for d in cells[:2]):
+            for d in cells[:2]:
+                if (d / "checkpoint_last.pt").exists():
+                    pids = _holding_files_under(descendants(driver.pid), d)
+                    _send(pids, signal.SIGSTOP)
+                    frozen |= pids
+            if all(_holding_files_under(frozen, d) for d in cells[:2]):
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
         assert driver.poll() is None, "the sweep ended before it could be stopped"
-        assert not any((d / "result.json").exists() for d in cells[:2]), "a cell finished first"
         workers = descendants(driver.pid)
         assert len(workers) >= 4  # per cell: submitit's controller and its task (and sh)
+        _send(workers, signal.SIGSTOP)
+        assert not any((d / "result.json").exists() for d in cells[:2]), "a cell finished first"
         driver.send_signal(signal.SIGTERM)
+        trainers = [p for p in workers if _CONTROLLER not in cmdline(p)]
+        deadline = time.time() + 30
+        while time.time() < deadline and not all(_sigint_pending(p) for p in trainers):
+            time.sleep(0.05)
+        sent = all(_sigint_pending(p) for p in trainers)
+        _send(workers, signal.SIGCONT)
+        assert sent, "the launcher did not send SIGINT to every training process"
         out, _ = driver.communicate(timeout=90)
     finally:
         if driver.poll() is None:

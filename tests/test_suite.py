@@ -123,3 +123,45 @@ def test_all_real_suites_are_in_the_pool_order():
 
     real = [name for name, t in rp.TARGETS.items() if "real" in t.parts]
     assert sorted(rp.REAL_SUITE_ORDER) == sorted(real) and len(set(rp.REAL_SUITE_ORDER)) == len(real)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_driver_stops_its_cells_and_marks_them_interrupted(tmp_path):
+    """`kill PID` of `deepinit reproduce` (SIGTERM to the driver alone, not its process group)
+    leaves no cell training on orphaned: each running cell gets SIGTERM, writes interrupted.json
+    and ends; the driver exits 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hydra_plugins.deepinit_launcher.processes import alive, descendants
+
+    env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path / "results"), "OMP_NUM_THREADS": "1"}
+    one_cell = [a for a in SHRINK if not a.startswith(("method=", "warmup.updates=", "trainer.seed=",
+                                                         "trainer.max_updates="))]
+    cmd = [sys.executable, "-m", "runner.cli", "reproduce", "table2", "--scale", "real", "--parallel",
+           "1", "--out", str(tmp_path / "out"), *one_cell, "method=pre_ln", "warmup.updates=0",
+           "trainer.seed=1", "trainer.max_updates=100000"]
+    driver = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and driver.poll() is None:
+            if list((tmp_path / "out").rglob("checkpoint_last.pt")):
+                break
+            time.sleep(0.2)
+        assert driver.poll() is None, "the suite ended before it could be stopped"
+        cell_processes = descendants(driver.pid)
+        assert cell_processes
+        driver.send_signal(signal.SIGTERM)
+        out, _ = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 143, out[-3000:]
+    assert not [p for p in cell_processes if alive(p)], "a cell outlived the suite's driver"
+    (run_dir,) = [p.parent for p in (tmp_path / "out").rglob("checkpoint_last.pt")]
+    marker = json.loads((run_dir / "interrupted.json").read_text())
+    assert marker["status"] == "interrupted" and marker["reason"] == "SIGTERM"
+    assert not (run_dir / "result.json").exists()

@@ -3,10 +3,12 @@ runner/reproduce.py)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Sequence
 
 from runner import reproduce
+from runner.sweep import cells
 
 
 def main(argv: Sequence[str]) -> int:
@@ -37,4 +39,11 @@ def main(argv: Sequence[str]) -> int:
                    help="only (re)print the table: from the run folders, or at the real tier from the "
                         "records in results/ (trains nothing)")
     args = p.parse_intermixed_args(argv)
-    return reproduce.run(args)
+    cells.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
+    try:
+        return reproduce.run(args)
+    except KeyboardInterrupt as exc:
+        signum = cells.signal_of(exc)
+        sys.stderr.write(f"deepinit: interrupted ({cells.signal_name(signum)}); the running cells "
+                         "are marked interrupted and the same command resumes them\n")
+        return 128 + signum
