@@ -888,10 +888,13 @@ def print_status(parallel: int) -> int:
     table = Table(title=f"real-tier suites: records in {results_root()}", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col in ("target", "cells", "ok", "div", "stall", "claims", "left"):
+        # only the claims wrap, so that a narrow terminal or a pipe cuts no number short
         table.add_column(col, justify="left" if col in ("target", "claims") else "right",
-                         no_wrap=True)
+                         no_wrap=col != "claims", overflow="fold" if col == "claims" else "ellipsis")
+    order = ("reproduced", "not reproduced", "inconclusive", "incomplete", "not run")
     for r in rows:
-        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(r["verdicts"].items())) or "-"
+        verdicts = ", ".join(f"{r['verdicts'][v]} {v}" for v in
+                             sorted(r["verdicts"], key=lambda v: (order + (v,)).index(v))) or "-"
         remaining = ("done" if r["records"] == r["cells"] else
                      "-" if r["remaining_s"] is None else f"~{_fmt_time(r['remaining_s'])}")
         table.add_row(r["target"], f"{r['records']}/{r['cells']}", str(r["ok"]), str(r["diverged"]),

@@ -387,6 +387,11 @@ def test_status_counts_records_claims_and_time_left(tmp_path, monkeypatch, capsy
     assert reproduce_main(["status", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
     assert "table2" in out and "2/21" in out and "8 incomplete" in out
+    from runner.console import console
+    monkeypatch.setattr(console, "width", 64)  # a narrow terminal: only the claims wrap
+    assert reproduce_main(["status", "--parallel", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2/21" in out and "0/90" in out and "~5.6 h" in out and "…" not in out
 
 
 def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch, capsys):
