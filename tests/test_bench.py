@@ -333,3 +333,37 @@ def test_tables_print_when_the_first_entry_failed(capsys):
               "entries": [{"name": "small", "group": "preset", "status": "failed", "error": "boom"}]}
     print_tables(report)
     assert "failed" in capsys.readouterr().out
+
+
+def test_profile_records_the_updates_after_the_timed_windows(tmp_path, capsys):
+    """--profile N: N updates after the timed ones are profiled (N step spans in the trace),
+    the timed windows are the same as without it, the operator table and the trace are written
+    next to the JSON, and the top operators' shares of the total self time add up to at most 1."""
+    out = tmp_path / "b.json"
+    rc = main_bench(["--quick", "--threads", "1", "--no-decode", "--depths", "--profile", "2",
+                     "--work", str(tmp_path / "work"), "--out", str(out)])
+    assert rc == 0
+    (ci,) = json.loads(out.read_text())["entries"]
+    assert len(ci["windows"]) == 2 and all(w["updates"] == 2 for w in ci["windows"])
+    # 2 warm-up + 4 timed + 1 (closes the CPU time, warms the profiler up) + 2 profiled
+    assert "trainer.max_updates=9" in ci["overrides"]
+    prof = ci["profile"]
+    assert prof["updates"] == 2 and prof["sort_by"] == "self_cpu_time_total"
+    assert prof["table"] == str(tmp_path / "b.ci.profile.txt")
+    table = (tmp_path / "b.ci.profile.txt").read_text()
+    assert "aten::mm" in table and "Self CPU" in table
+    trace = json.loads((tmp_path / "b.ci.trace.json").read_text())
+    steps = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    assert len(steps) == 2
+    shares = [op["share"] for op in prof["top"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    assert any(op["name"] == "aten::mm" for op in prof["top"])
+    assert "where an update's time goes" in capsys.readouterr().out
+    assert "| ci | aten::" in out.with_suffix(".md").read_text()
+
+
+def test_profile_rejects_comparisons_and_negative_counts(capsys):
+    assert main_bench(["--quick", "--profile", "2", "--reference"]) == 2
+    assert main_bench(["--quick", "--profile", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--profile" in err[0] and "--profile" in err[1]

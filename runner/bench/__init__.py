@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 from rich.table import Table
 
+from runner.bench.profile import OperatorProfile
 from runner.bench.reference import train_reference
 from runner.config import Config, config_from_dict
 from runner.console import console
@@ -113,6 +115,8 @@ class Entry:
     compile: bool = False
     layers: Optional[int] = None
     checkpointing: Optional[bool] = None
+    profile: int = 0  # updates profiled after the timed windows (runner/bench/profile.py)
+    profile_stem: str = ""  # path prefix of the profile's table and trace
     extra: dict = field(default_factory=dict)
 
 
@@ -130,7 +134,8 @@ def preset_entry(name: str, args, peer: bool = False) -> Entry:
     return Entry(name, "peer" if peer else "preset", RECIPE + model + list(args.override), vocab,
                  max_tokens, warmup, steps, windows,
                  decode=0 if args.no_decode else args.decode_sentences,
-                 threads=args.threads, device=args.device, compile=args.compile_on)
+                 threads=args.threads, device=args.device, compile=args.compile_on,
+                 profile=getattr(args, "profile", 0))
 
 
 def preset_entries(name: str, args) -> list[Entry]:
@@ -150,7 +155,7 @@ def depth_entry(layers: int, checkpointing: bool, args) -> Entry:
     return Entry(f"depth-{layers}{'-ckpt' if checkpointing else ''}", "depth",
                  RECIPE + model + list(args.override), 1000, args.depth_max_tokens, warmup,
                  steps, 1, threads=args.threads, device=args.device, layers=layers,
-                 checkpointing=checkpointing)
+                 checkpointing=checkpointing, profile=getattr(args, "profile", 0))
 
 
 # ----------------------------------------------------------------------------- data
@@ -395,8 +400,9 @@ def entry_schedule(entry: Entry) -> tuple[int, int, int]:
 def entry_overrides(entry: Entry, work: Path) -> list[str]:
     """The config overrides of one entry (writes its corpus folder first)."""
     log_interval, _, updates = entry_schedule(entry)
-    # one more untimed update: its batch request closes the last timed update's CPU time
-    total_updates = updates + 1
+    # one more untimed update: its batch request closes the last timed update's CPU time (and
+    # it warms up the profiler, which then records entry.profile more)
+    total_updates = updates + 1 + entry.profile
     corpus = write_corpus(work / "data", entry.vocab)
     overrides = entry.overrides + [
         "data=custom", f"data.dir={corpus}", "data.bpe=none", f"data.cache_dir={work / 'cache'}",
@@ -453,7 +459,9 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
         torch.cuda.reset_peak_memory_stats()
     parts = build_run(cfg)
     collector = RecordCollector()
-    trainer = Trainer(parts, [collector])
+    profiler = (OperatorProfile(updates, entry.profile, Path(entry.profile_stem), cuda)
+                if entry.profile else None)
+    trainer = Trainer(parts, [collector] + ([profiler] if profiler else []))
     # Record which sentences each update trains on (lengths, padding, FLOPs); the stream is
     # the trainer's own batch order, read on the host, so no device sync is added.
     # The process CPU time at each request (= the start of an update) gives CPU seconds per
@@ -468,7 +476,7 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
             yield indices
 
     trainer.stream = recorded(trainer.stream)
-    with LoadProbe() as probe:
+    with LoadProbe() as probe, profiler or nullcontext():
         outcome = trainer.run()
     if cuda:
         torch.cuda.synchronize()
@@ -502,6 +510,8 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
         "peak_memory_mb": peak_mb, "memory_kind": "cuda_max_allocated" if cuda else "max_rss",
         "rss_before_trainer_mb": rss_start, "windows": windows, "load_train": probe.as_dict(),
     }
+    if profiler is not None:
+        out["profile"] = profiler.summary
     if entry.decode:
         full_length_decoding(parts.model, parts.eos)
         test = parts.data.splits[cfg.data.test_split]
@@ -869,6 +879,29 @@ def print_tables(report: dict) -> None:
         console.print(f"ratio: deepinit's median tok/s over the plain-PyTorch reference's, both trained on "
                       f"the same batches (target {REFERENCE_TARGET}x: green when met); MFU against the same "
                       f"peak as above; MB: peak memory ({memory}).")
+    profiled = _profile_rows(report)
+    if profiled:
+        t = Table(title="where an update's time goes (torch.profiler, --profile)", title_justify="left")
+        for col in ("entry", "operator", "self ms/update", "share", "calls/update"):
+            t.add_column(col, justify="left" if col in ("entry", "operator") else "right")
+        for row in profiled:
+            t.add_row(*row)
+        console.print(t)
+        console.print("self time: in the operator itself, not in the operators it calls (the GPU's "
+                      "time on CUDA); share: of all operators' self time. Full tables and traces: "
+                      + ", ".join(e["profile"]["table"] for e in report["entries"] if e.get("profile")))
+
+
+PROFILE_ROWS = 5  # operators per profiled entry in the printed and Markdown tables
+
+
+def _profile_rows(report: dict) -> list[tuple[str, ...]]:
+    rows = []
+    for e in report["entries"]:
+        for op in ((e.get("profile") or {}).get("top") or [])[:PROFILE_ROWS]:
+            rows.append((e["name"], op["name"], f"{op['self_ms_per_update']:,.2f}",
+                         _pct(op["share"]), f"{op['calls_per_update']:,.0f}"))
+    return rows
 
 
 def markdown_tables(report: dict) -> str:
@@ -945,6 +978,12 @@ def markdown_tables(report: dict) -> str:
                          f"| {', '.join(_fmt(v, ',.0f') for v in r['deepinit_runs'])} "
                          f"| {', '.join(_fmt(v, ',.0f') for v in r['reference_runs'])} |")
         lines.append("")
+    profiled = _profile_rows(report)
+    if profiled:
+        lines += ["| entry | operator (torch.profiler) | self ms/update | share | calls/update |",
+                  "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in profiled]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -963,6 +1002,10 @@ def resolve_args(args, cuda: bool) -> Optional[str]:
     words from --presets to the overrides; an error message, or None."""
     if args.peer and (args.reference or args.compile == "both"):
         return "--peer is its own comparison: leave out --reference and --compile both"
+    if args.profile < 0:
+        return f"--profile expects a number of updates >= 0, got {args.profile}"
+    if args.profile and (args.peer or args.reference):
+        return "--profile profiles a plain bench run: leave out --peer and --reference"
     # --compile both: preset_entries makes each entry's two settings
     args.compile_on = args.compile == "on" or (args.compile == "auto" and cuda)
     if args.presets:  # "--presets tiny key=value": argparse gives the override to --presets
@@ -1023,6 +1066,8 @@ def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> 
         report["peer"] = peer_comparison(args, work, report["peak"], compose)
     else:
         for entry in plan_entries(args):
+            if entry.profile:  # next to the JSON: <stem>.<entry>.profile.txt and .trace.json
+                entry = replace(entry, profile_stem=str(out_path.resolve().with_suffix("")) + f".{entry.name}")
             if args.reference and entry.group == "preset":
                 ours, refs = reference_comparison(entry, args, work, compose)
                 report.setdefault("reference", {})[entry.name] = summarize_reference(ours, refs, report["peak"])

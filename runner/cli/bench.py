@@ -49,6 +49,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--decode-reps", type=int, default=3,
                    help="--peer: how many of the runs also decode (default: all three, since one "
                         "decoding run per side moves by 10-25%% between calls)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after each entry's timed windows, profile N more training updates with "
+                        "torch.profiler (not in the timed figures): the operators by self time "
+                        "(the GPU's on CUDA) go to <JSON stem>.<entry>.profile.txt, a Chrome/Perfetto "
+                        "trace to <JSON stem>.<entry>.trace.json, the top 10 into the JSON and the "
+                        "printed table")
     p.add_argument("--quiet-wait", type=int, default=20,
                    help="--peer: seconds the peer script waits for a quiet machine before each run")
     p.add_argument("override", nargs="*", help="extra config overrides for every entry (key=value)")
