@@ -41,6 +41,19 @@ def fake_train(cfg, out: Path) -> None:
         "overrides": list(HydraConfig.get().overrides.task)}))
 
 
+def barrier(folder, parties: int, timeout_s: float = 120.0) -> None:
+    """Announce this task in `folder`, then wait until `parties` tasks have: tasks that a test
+    expects to run at the same time then overlap however slowly each one starts."""
+    if not folder or parties <= 0:
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"started-{os.getpid()}-{time.time_ns()}").touch()
+    deadline = time.time() + timeout_s
+    while len(list(folder.glob("started-*"))) < parties and time.time() < deadline:
+        time.sleep(0.05)
+
+
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
 def main(cfg) -> None:
     out = Path(HydraConfig.get().runtime.output_dir)
@@ -49,6 +62,7 @@ def main(cfg) -> None:
         fake_train(cfg, out)
     else:
         t0 = time.time()
+        barrier(os.environ.get("PROBE_BARRIER_DIR"), int(os.environ.get("PROBE_BARRIER", "0")))
         time.sleep(float(os.environ.get("PROBE_SLEEP", "1.5")))
         (out / "probe.json").write_text(json.dumps({
             "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": t0, "end": time.time(),

@@ -10,14 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.process_control import holding_files_under, send, signal_pending
+
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "sweep_probe_app.py"
 
 
 def test_each_running_cell_gets_its_own_gpu(tmp_path):
     sweep_dir = tmp_path / "sweep"
+    # the first two cells wait for each other (PROBE_BARRIER), so they overlap however slowly
+    # each one starts
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PROBE_MODE="probe",
-               PROBE_SLEEP="1.0")
+               PROBE_SLEEP="1.0", PROBE_BARRIER="2", PROBE_BARRIER_DIR=str(tmp_path / "barrier"))
     proc = subprocess.run(
         [sys.executable, str(APP), "-m", "hydra/launcher=local", "hydra.launcher.gpus=[0,1]",
          "hydra.launcher.poll_s=0.2", f"hydra.sweep.dir={sweep_dir}", "trainer.seed=1,2,3"],
@@ -60,46 +64,6 @@ def _env() -> dict:
 def _cell_dir(sweep_dir: Path, *overrides: str) -> Path:
     """Hydra's folder name for a cell: its overrides, sorted, joined by commas."""
     return sweep_dir / ",".join(sorted(overrides))
-
-
-def _send(pids, sig) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _holding_files_under(pids, folder: Path) -> set[int]:
-    """The processes among pids with a file open under folder (a training cell keeps its
-    train.log open)."""
-    held = set()
-    for pid in pids:
-        try:
-            fds = list(Path(f"/proc/{pid}/fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith(str(folder) + os.sep):
-                held.add(pid)
-                break
-    return held
-
-
-def _sigint_pending(pid: int) -> bool:
-    """SIGINT waits in the process's pending set (/proc/PID/status, SigPnd or ShdPnd), or the
-    process is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return True
-    bit = 1 << (signal.SIGINT - 1)
-    return any(int(line.split()[1], 16) & bit for line in status.splitlines()
-               if line.startswith(("SigPnd:", "ShdPnd:")))
 
 
 @pytest.mark.slow
@@ -166,24 +130,24 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes_the_cells(tmp_path):
         while time.time() < deadline and driver.poll() is None:
             for d in cells[:2]:
                 if (d / "checkpoint_last.pt").exists():
-                    pids = _holding_files_under(descendants(driver.pid), d)
-                    _send(pids, signal.SIGSTOP)
+                    pids = holding_files_under(descendants(driver.pid), d)
+                    send(pids, signal.SIGSTOP)
                     frozen |= pids
-            if all(_holding_files_under(frozen, d) for d in cells[:2]):
+            if all(holding_files_under(frozen, d) for d in cells[:2]):
                 break
             time.sleep(0.05)
         assert driver.poll() is None, "the sweep ended before it could be stopped"
         workers = descendants(driver.pid)
         assert len(workers) >= 4  # per cell: submitit's controller and its task (and sh)
-        _send(workers, signal.SIGSTOP)
+        send(workers, signal.SIGSTOP)
         assert not any((d / "result.json").exists() for d in cells[:2]), "a cell finished first"
         driver.send_signal(signal.SIGTERM)
         trainers = [p for p in workers if _CONTROLLER not in cmdline(p)]
         deadline = time.time() + 30
-        while time.time() < deadline and not all(_sigint_pending(p) for p in trainers):
+        while time.time() < deadline and not all(signal_pending(p, signal.SIGINT) for p in trainers):
             time.sleep(0.05)
-        sent = all(_sigint_pending(p) for p in trainers)
-        _send(workers, signal.SIGCONT)
+        sent = all(signal_pending(p, signal.SIGINT) for p in trainers)
+        send(workers, signal.SIGCONT)
         assert sent, "the launcher did not send SIGINT to every training process"
         out, _ = driver.communicate(timeout=90)
     finally:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 
 from runner.cli.report import main as main_report
 from runner.sweep.report import load_sweep
+from tests.process_control import all_processes, holding_files_under, send, signal_pending
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "sweep_probe_app.py"
@@ -60,7 +62,7 @@ def _deepinit(sweep_dir: Path, *overrides: str, background: bool = False, **env:
               stderr=subprocess.STDOUT, text=True)
     if background:
         return subprocess.Popen(cmd, **kw)
-    return subprocess.run(cmd, timeout=240, **kw)
+    return subprocess.run(cmd, timeout=600, **kw)
 
 
 def _cancel_all_jobs_in(sweep_dir: Path) -> None:
@@ -120,20 +122,34 @@ def test_requeued_cell_resumes_from_its_checkpoint_with_identical_results(tmp_pa
     driver = _deepinit(sweep_dir, "trainer.keep_checkpoints=1,2", "trainer.max_updates=80",
                        "trainer.save_interval=10", "trainer.valid_interval=40", "warmup=none",
                        background=True)
+    frozen: set[int] = set()
     try:
+        # The victim's processes are frozen (SIGSTOP) as soon as it has a checkpoint, and thawed
+        # once Slurm's USR2 is pending on them: however fast the machine, the cell cannot
+        # finish its 80 updates before the preemption reaches it.
         deadline = time.time() + 120
         victim = None
         while time.time() < deadline and driver.poll() is None:
             victim = next(iter(sweep_dir.glob("*keep_checkpoints=2*")), None)
             if victim and (victim / "checkpoint_last.pt").exists() and (victim / "env.json").exists():
-                break
-            time.sleep(0.1)
-        assert victim is not None and driver.poll() is None, "cell never checkpointed"
+                frozen = holding_files_under(all_processes(), victim)
+                send(frozen, signal.SIGSTOP)
+                if frozen:
+                    break
+            time.sleep(0.05)
+        assert victim is not None and frozen and driver.poll() is None, "cell never checkpointed"
         job = _array_task_id(json.loads((victim / "env.json").read_text())["slurm_job_id"])
         assert not (victim / "result.json").exists(), "cell finished before the preemption"
         subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+        deadline = time.time() + 30
+        while time.time() < deadline and not all(signal_pending(p, signal.SIGUSR2) for p in frozen):
+            time.sleep(0.05)
+        delivered = all(signal_pending(p, signal.SIGUSR2) for p in frozen)
+        send(frozen, signal.SIGCONT)
+        assert delivered, "Slurm's USR2 never reached the training process"
         out, _ = driver.communicate(timeout=180)
     finally:
+        send(frozen, signal.SIGCONT)
         if driver.poll() is None:
             driver.kill()
             _cancel_all_jobs_in(sweep_dir)
@@ -160,9 +176,13 @@ def test_each_job_sees_its_own_fake_gpu(tmp_path):
     sweep_dir = tmp_path / "gpus"
     cmd = [sys.executable, str(APP), "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}",
            "hydra.launcher.timeout_min=5", "trainer.seed=1,2"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(PROBE_MODE="probe", PROBE_SLEEP="4",
+    # the two jobs wait for each other (PROBE_BARRIER), so they overlap however late Slurm
+    # starts the second
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(PROBE_MODE="probe", PROBE_SLEEP="2",
+                                                      PROBE_BARRIER="2",
+                                                      PROBE_BARRIER_DIR=str(tmp_path / "barrier"),
                                                       DEEPINIT_SLURM_GPUS_PER_NODE="1"),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=180)
     if "Invalid generic resource" in proc.stdout + proc.stderr:
         pytest.skip("this SLURM has no gres GPUs (start it with WITH_FAKE_GPUS=2)")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -183,9 +183,9 @@ def test_stop_tree_ends_every_process_below_it():
         tree = descendants(parent.pid) | {parent.pid}
         assert len(tree) == 3
         t0 = time.time()
-        killed = stop_tree(parent.pid, [parent], grace_s=1.0)
+        killed = stop_tree(parent.pid, [parent], grace_s=3.0)  # ample for a Python exit under load
         parent.wait(timeout=10)
-        assert time.time() - t0 < 8
+        assert time.time() - t0 < 15
         assert len(killed) == 1  # only the child that ignored SIGINT needed SIGKILL
         assert not any(alive(p) for p in tree)
     finally:
