@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -50,3 +51,12 @@ def signal_pending(pid: int, sig: int = signal.SIGINT) -> bool:
     bit = 1 << (sig - 1)
     return any(int(line.split()[1], 16) & bit for line in status.splitlines()
                if line.startswith(("SigPnd:", "ShdPnd:")))
+
+
+def wait_pending(pids: Iterable[int], sig: int, timeout_s: float = 30.0) -> bool:
+    """Wait until sig is pending on every process in pids; whether it is."""
+    pids = list(pids)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and not all(signal_pending(p, sig) for p in pids):
+        time.sleep(0.05)
+    return all(signal_pending(p, sig) for p in pids)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.process_control import holding_files_under, send, signal_pending
+from tests.process_control import holding_files_under, send, wait_pending
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "sweep_probe_app.py"
@@ -143,10 +143,7 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes_the_cells(tmp_path):
         assert not any((d / "result.json").exists() for d in cells[:2]), "a cell finished first"
         driver.send_signal(signal.SIGTERM)
         trainers = [p for p in workers if _CONTROLLER not in cmdline(p)]
-        deadline = time.time() + 30
-        while time.time() < deadline and not all(signal_pending(p, signal.SIGINT) for p in trainers):
-            time.sleep(0.05)
-        sent = all(signal_pending(p, signal.SIGINT) for p in trainers)
+        sent = wait_pending(trainers, signal.SIGINT)
         send(workers, signal.SIGCONT)
         assert sent, "the launcher did not send SIGINT to every training process"
         out, _ = driver.communicate(timeout=90)

@@ -21,7 +21,7 @@ import pytest
 
 from runner.cli.report import main as main_report
 from runner.sweep.report import load_sweep
-from tests.process_control import all_processes, holding_files_under, send, signal_pending
+from tests.process_control import all_processes, holding_files_under, send, wait_pending
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "tests" / "sweep_probe_app.py"
@@ -141,10 +141,7 @@ def test_requeued_cell_resumes_from_its_checkpoint_with_identical_results(tmp_pa
         job = _array_task_id(json.loads((victim / "env.json").read_text())["slurm_job_id"])
         assert not (victim / "result.json").exists(), "cell finished before the preemption"
         subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
-        deadline = time.time() + 30
-        while time.time() < deadline and not all(signal_pending(p, signal.SIGUSR2) for p in frozen):
-            time.sleep(0.05)
-        delivered = all(signal_pending(p, signal.SIGUSR2) for p in frozen)
+        delivered = wait_pending(frozen, signal.SIGUSR2)
         send(frozen, signal.SIGCONT)
         assert delivered, "Slurm's USR2 never reached the training process"
         out, _ = driver.communicate(timeout=180)
