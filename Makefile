@@ -93,7 +93,7 @@ bench-peer: $(INSTALLED)
 	$(BIN)/deepinit bench --peer --threads $(if $(filter 0,$(THREADS)),2,$(THREADS)) --peer-tools $(PEER_TOOLS) $(BENCH_ARGS)
 
 # One command per published table (deepinit reproduce, docs/reproductions.md):
-#   make reproduce-table2 [SCALE=cpu|real|paper] [LAUNCHER=basic|local|slurm] [DRY_RUN=1] [REPRODUCE_ARGS="overrides"]
+#   make reproduce-table2 [SCALE=cpu|real|gpu|paper] [LAUNCHER=basic|local|slurm] [DRY_RUN=1] [REPRODUCE_ARGS="overrides"]
 # SCALE defaults to paper when a GPU is visible, else cpu; real for targets that have only a real
 # tier. Runs land in
 # outputs/reproduce/<target>-<scale>/; a second call runs only the unfinished cells.

@@ -22,7 +22,8 @@ from runner.run import folder
 
 RESULT_FIELDS = ("status", "reason", "diverged_step", "stalled", "updates", "epochs", "train_loss",
                  "valid_loss", "best_valid_loss", "best_valid_nll", "valid_unigram_nll", "bleu",
-                 "sacrebleu", "sacrebleu_signature", "wall_s", "tokens_per_s", "parameters")
+                 "sacrebleu", "sacrebleu_signature", "wall_s", "tokens_per_s", "seconds_per_update",
+                 "peak_memory_mb", "parameters")
 ENV_FIELDS = ("device", "device_name", "threads", "precision", "torch", "deepinit", "git_commit",
               "platform")
 

@@ -1,10 +1,11 @@
 """One command per published table: `make reproduce-<target>` (`deepinit reproduce`).
 
-    deepinit reproduce TARGET [--scale cpu|real|paper] [--launcher basic|local|slurm]
+    deepinit reproduce TARGET [--scale cpu|real|gpu|paper] [--launcher basic|local|slurm]
                               [--dry-run] [--no-eval] [--out DIR] [overrides ...]
 
-TARGET is table2 | grid | tfixup-depth | lipschitz (`list` prints them). SCALE=real runs the
-target's Multi30k suite cell by cell with records in results/ (runner/suite.py); the other
+TARGET is table2 | grid | tfixup-depth | lipschitz | ... (`list` prints them). SCALE=real (CPU)
+and SCALE=gpu run the target's Multi30k suite cell by cell with records in results/
+(runner/suite.py); the other
 scales are one or more sweep presets (`sweeps/reproduce_<target>_<scale|dataset>.yaml`) run through `deepinit -m`
 into `outputs/reproduce/<target>-<scale>/` (a fixed folder, so a second call only runs the cells
 that have not finished: the trainer skips finished ones). Finished cells are then scored
@@ -47,7 +48,10 @@ from runner.sweep.report import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-SCALES = ("cpu", "real", "paper")  # cpu: the toy smoke tier; real: Multi30k on CPU (runner/suite.py)
+# cpu: the toy smoke tier; real: Multi30k on CPU, gpu: Multi30k at the papers' model size on one GPU
+# (both runner/suite.py, records in results/); paper: the papers' recipes and corpora
+SCALES = ("cpu", "real", "gpu", "paper")
+SUITE_TIERS = ("real", "gpu")
 LAUNCHERS = ("basic", "local", "slurm")
 FINISHED = ("ok", "diverged", "stalled")  # the trainer skips these; "failed" (a crash) is rerun
 # The grid compares with the paper's count of diverged runs: stalled cells are counted apart.
@@ -535,6 +539,7 @@ TARGETS: dict[str, Target] = {
         "table2", "Admin paper, Table 2: Post-LN vs Pre-LN vs Admin by depth",
         {"cpu": (Part("reproduce_table2_cpu", **CPU_EVAL),),
          "real": (Part("reproduce_table2_real"),),
+         "gpu": (Part("reproduce_table2_gpu"),),
          "paper": (Part("reproduce_table2_iwslt14", "iwslt14", "DEEPINIT_IWSLT14_DIR", ("de", "en"),
                         IWSLT_HINT, beam=5, lenpen=1.0, average_last=10),
                    Part("reproduce_table2_wmt14", "wmt14", "DEEPINIT_WMT14_DIR", ("en", "de"),
@@ -551,6 +556,7 @@ TARGETS: dict[str, Target] = {
         "tfixup-depth", "T-Fixup ultra-deep scan: 64-128-2, no LN, no warmup, 6 to 200 layers",
         {"cpu": (Part("reproduce_tfixup_depth_cpu", **CPU_EVAL),),
          "real": (Part("reproduce_tfixup_depth_real"),),
+         "gpu": (Part("reproduce_tfixup_depth_gpu"),),
          "paper": (Part("reproduce_tfixup_depth_paper", "", "DEEPINIT_IWSLT14_DIR", ("de", "en"),
                         IWSLT_HINT, beam=4, lenpen=0.3, average_last=10),)},
         render_tfixup_depth),
@@ -766,7 +772,8 @@ class RealSuite:
     part: Part
     cells: list
     records: Records
-    minutes: float  # the preset's cpu_minutes_per_cell (0: none given)
+    minutes: float  # the preset's cpu_ or gpu_minutes_per_cell (0: none given)
+    tier: str = "real"
 
     @property
     def todo(self) -> list:
@@ -774,35 +781,42 @@ class RealSuite:
         return suite.seed_major(self.cells)
 
 
-def real_suite(target: Target, overrides: Sequence[str] = ()) -> RealSuite:
-    part = target.parts["real"][0]
+def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real") -> RealSuite:
+    part = target.parts[tier][0]
     cells = suite.plan(part.preset, list(overrides))
-    records = Records.load(suite.results_dir(target.name))
+    records = Records.load(suite.results_dir(target.name, tier))
     suite.attach_records(cells, records)
-    minutes = float((load_preset(part.preset).get("sweep") or {}).get("cpu_minutes_per_cell") or 0)
-    return RealSuite(target, part, cells, records, minutes)
+    key = "gpu_minutes_per_cell" if tier == "gpu" else "cpu_minutes_per_cell"
+    minutes = float((load_preset(part.preset).get("sweep") or {}).get(key) or 0)
+    return RealSuite(target, part, cells, records, minutes, tier)
 
 
-def run_real(target: Target, args) -> int:
-    """SCALE=real: the target's Multi30k suite, cell by cell on this machine, with records in
-    results/<target>/real/ (runner/suite.py)."""
-    parallel = args.parallel or os.cpu_count() or 1
-    real = real_suite(target, args.overrides)
+def run_real(target: Target, args, tier: str = "real") -> int:
+    """SCALE=real or gpu: the target's Multi30k suite, cell by cell on this machine, with records
+    in results/<target>/<tier>/ (runner/suite.py)."""
+    gpu = tier == "gpu"
+    if gpu and not gpu_visible() and not any(o.startswith("trainer.device=") for o in args.overrides):
+        print(f"deepinit reproduce: --scale gpu trains on CUDA, and no GPU is visible here "
+              f"(torch {torch.__version__}); use --scale real on a CPU", file=sys.stderr)
+        return 2
+    parallel = args.parallel or (1 if gpu else os.cpu_count() or 1)
+    real = real_suite(target, args.overrides, tier)
     part, cells, records, todo, minutes = real.part, real.cells, real.records, real.todo, real.minutes
-    work = sweep_dir_for(args.out.resolve(), target.name, "real")
-    print(f"reproduce-{target.name} (real data): {target.title}")
+    work = sweep_dir_for(args.out.resolve(), target.name, tier)
+    print(f"reproduce-{target.name} (real data{', GPU' if gpu else ''}): {target.title}")
     print(f"preset sweeps/{part.preset}.yaml: {len(cells)} cells, {len(cells) - len(todo)} with a "
-          f"record in {suite.results_dir(target.name)}; run folders in {work}")
+          f"record in {suite.results_dir(target.name, tier)}; run folders in {work}")
     for c in cells:
         print(f"  {c.label}   [{c.record['status'] if c.record else 'to train'}]")
     if minutes:
         wall = estimate_wall_s([minutes * 60] * len(todo), parallel)
+        where = "of one GPU to itself" if gpu else "on one core of an idle 2-core machine"
         print(f"estimated wall time: ~{_fmt_time(wall)} for {len(todo)} cells, {parallel} at a time "
-              f"(~{minutes:.0f} min per cell on one core of an idle 2-core machine)")
+              f"(~{minutes:.0f} min per cell {where})")
     if args.dry_run:
         return 0
     crashed = 0 if args.table_only else suite.run_cells(cells, work, records, parallel)
-    path = suite.write_report(target.name, target.title, part.preset, cells)
+    path = suite.write_report(target.name, target.title, part.preset, cells, tier)
     print()
     print(path.read_text())
     print(f"wrote {path} and {records.path}")
@@ -930,8 +944,8 @@ def run(args) -> int:
         print(f"deepinit reproduce: {target.name} has no {scale} tier yet; it has "
               f"{', '.join(target.parts)}", file=sys.stderr)
         return 2
-    if scale == "real":
-        return run_real(target, args)
+    if scale in SUITE_TIERS:
+        return run_real(target, args, scale)
     launcher = args.launcher or "local"
     parallel = args.parallel or os.cpu_count() or 1
     sweep_dir = sweep_dir_for(args.out.resolve(), target.name, scale)

@@ -1,8 +1,10 @@
-"""A reproduction suite on real data, run cell by cell on this machine (`SCALE=real`).
+"""A reproduction suite on real data, run cell by cell on this machine (`SCALE=real` on CPU,
+`SCALE=gpu` on one GPU).
 
 Each cell (one seed of one arm of a preset in sweeps/) is one `deepinit train` process with one
-CPU thread; `parallel` of them run side by side. A rich progress bar counts cells with an ETA.
-A finished cell's record is written to results/<target>/real/records.jsonl at once, so an
+CPU thread; `parallel` of them run side by side (on a GPU, they share it). A rich progress bar
+counts cells with an ETA. A finished cell's record is written to
+results/<target>/<tier>/records.jsonl at once, so an
 interrupted suite keeps what it finished, and a later call (on this machine or another) trains
 only the cells that have no record yet. The preset's `sweep.claims` are the pre-registered
 decision rules (runner/evidence.py); the report lists each arm with mean, spread and 95%
@@ -26,7 +28,7 @@ from runner.console import console
 from runner.evidence import Record, Summary, Verdict, claim_from_dict, judge, summarize
 from runner.records import Records, record_from_run, results_root
 from runner.run.folder import folder_name
-from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
+from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
 from runner.sweep.report import markdown_table
 
 SEED_AXIS = "trainer.seed"
@@ -52,13 +54,14 @@ class SuiteCell:
 
 def plan(preset: str, extra: Sequence[str] = ()) -> list[SuiteCell]:
     """The preset's cells in the preset's axis order, without the arms its `sweep.exclude`
-    lists (each a {axis: value} selector)."""
+    lists (each a {axis: value} selector). Extra overrides that change no result (e.g.
+    trainer.device=cpu) reach every cell's command but not its key."""
     cells, fixed = plan_cells(preset, extra)
     exclude = [{k: str(v) for k, v in sel.items()}
                for sel in (load_preset(preset).get("sweep") or {}).get("exclude") or []]
     out = []
     for axes in cells:
-        overrides = [f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items()), *fixed]
+        overrides = [f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items()), *fixed, *run_only(extra)]
         clean = {norm_key(k): v for k, v in axes.items()}
         if any(all(clean.get(k) == v for k, v in sel.items()) for sel in exclude):
             continue
@@ -258,7 +261,8 @@ def curve_slope(curve: Sequence[Sequence[float]], span: int = 400) -> Optional[f
     return None if step == last_step else 1000.0 * (last_loss - loss) / (last_step - step)
 
 
-def arm_rows(cells: Sequence[SuiteCell]) -> list[list[str]]:
+def arm_rows(cells: Sequence[SuiteCell], gpu: bool = False) -> list[list[str]]:
+    """One row per arm; `gpu` adds the seconds per update and the peak GPU memory."""
     arms: dict[tuple, list[SuiteCell]] = {}
     for cell in cells:
         arms.setdefault(tuple(cell.arm.items()), []).append(cell)
@@ -267,8 +271,8 @@ def arm_rows(cells: Sequence[SuiteCell]) -> list[list[str]]:
         done = [c.record for c in members if c.record is not None]
         ok = [r for r in done if r["status"] == "ok"]
 
-        def values(key: str) -> list[float]:
-            return [r[key] for r in ok if r.get(key) is not None and math.isfinite(r[key])]
+        def values(key: str, among: Sequence[dict] = ok) -> list[float]:
+            return [r[key] for r in among if r.get(key) is not None and math.isfinite(r[key])]
 
         rows.append([
             " ".join(f"{k}={v}" for k, v in arm),
@@ -280,6 +284,8 @@ def arm_rows(cells: Sequence[SuiteCell]) -> list[list[str]]:
             _summary_text(summarize(values("best_valid_loss")), ".3f"),
             _fmt(_mean([curve_slope(r.get("valid_curve") or []) for r in ok]), "+.3f"),
             _fmt(sum(r.get("wall_s") or 0 for r in done) / 60, ".0f"),
+            *((_fmt(_mean(values("seconds_per_update", done)), ".3f"),
+               _fmt(_mean(values("peak_memory_mb", done)), ",.0f")) if gpu else ()),
         ])
     return rows
 
@@ -305,22 +311,27 @@ def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
     return out
 
 
-def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> str:
+def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
     done = [c.record for c in cells if c.record is not None]
     commits = sorted({(r.get("machine") or {}).get("git_commit") or "?" for r in done})
     machines = sorted({f"{(r.get('machine') or {}).get('device_name')}, "
                        f"{(r.get('machine') or {}).get('threads')} thread(s), torch "
                        f"{(r.get('machine') or {}).get('torch')}" for r in done})
-    lines = [f"# {title}: real-data tier", "",
+    gpu = tier == "gpu"
+    header = ["arm", "seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU", "best valid loss",
+              "slope", "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
+    lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
              f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
              "Each arm: mean ± std over seeds [95% bootstrap CI of the mean]; diverged and "
              "stalled seeds are counted apart and left out of the means.", "",
              f"Commits: {', '.join(c[:10] for c in commits) or '-'}. "
              f"Machines: {'; '.join(machines) or '-'}.", "",
-             markdown_table(["arm", "seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU",
-                             "best valid loss", "slope", "CPU min"], arm_rows(cells)), "",
+             markdown_table(header, arm_rows(cells, gpu)), "",
              "slope: change of the validation loss per 1,000 updates over each run's last 400 "
              "updates (mean over the arm's ok seeds); near 0 when the curve has flattened.", "",
+             *(["s/update: training seconds per update; peak MiB: the CUDA allocator's peak of "
+                "the cell's process (means over the arm's trained seeds, whatever their status).",
+                ""] if gpu else []),
              *([f"heatmap.png: per {' '.join(grid_axes(preset))} setting, the mean best validation "
                 "loss of the ok seeds and how many seeds diverged or stalled.", ""]
                if grid_axes(preset) else []),
@@ -458,10 +469,11 @@ def plot_grid(preset: str, cells: Sequence[SuiteCell], path: Path) -> Optional[P
     return path
 
 
-def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell]) -> Path:
-    out = results_dir(target)
+def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],
+                 tier: str = "real") -> Path:
+    out = results_dir(target, tier)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(render(target, title, preset, cells))
+    (out / "report.md").write_text(render(target, title, preset, cells, tier))
     plot_curves(cells, out / "curves.png")
     plot_grid(preset, cells, out / "heatmap.png")
     return out / "report.md"

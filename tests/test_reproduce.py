@@ -100,11 +100,38 @@ def test_real_tiers_fit_six_hours_and_their_claims_parse():
                         (name, claim.id, selector)
 
 
+def test_gpu_tiers_claims_name_arms_they_train():
+    from runner import suite
+    from runner.evidence import claim_from_dict
+
+    gpu = [(name, part) for name, t in rp.TARGETS.items() for part in t.parts.get("gpu", ())]
+    assert sorted(name for name, _ in gpu) == ["table2", "tfixup-depth"]
+    for name, part in gpu:
+        cells = suite.plan(part.preset)
+        sweep = rp.load_preset(part.preset)["sweep"]
+        assert sweep["gpu_minutes_per_cell"] > 0 and len({c.seed for c in cells}) >= 2, name
+        for raw in sweep["claims"]:
+            claim = claim_from_dict(raw)
+            for selector in (claim.a, claim.b or {}):
+                assert any(all(c.arm.get(k) == v for k, v in selector.items()) for c in cells), \
+                    (name, claim.id, selector)
+    # the papers' sizes: 512-1024-4 at 6+6 and 18+18; the 64-128-2 model at 200+200
+    table2 = {tuple(c.arm.items()) for c in suite.plan("reproduce_table2_gpu")}
+    assert len(table2) == 14 and len(suite.plan("reproduce_table2_gpu")) == 28
+    cfg = compose(suite.plan("reproduce_table2_gpu")[0].overrides)
+    assert (cfg.model.dim, cfg.model.ffn_dim, cfg.model.heads, cfg.model.num_encoder_layers) == (512, 1024, 4, 18)
+    assert cfg.trainer.device == "cuda" and cfg.trainer.precision == "bf16"
+    deepest = compose(suite.plan("reproduce_tfixup_depth_gpu")[0].overrides)
+    assert (deepest.model.dim, deepest.model.ffn_dim, deepest.model.heads) == (64, 128, 2)
+    assert deepest.model.num_encoder_layers == deepest.model.num_decoder_layers == 200
+    assert deepest.trainer.max_updates == 2000 and deepest.warmup.updates == 0
+
+
 def test_every_real_tier_arm_composes_and_validates():
     from runner import suite
 
     for name, target in rp.TARGETS.items():
-        for part in target.parts.get("real", ()):
+        for part in (*target.parts.get("real", ()), *target.parts.get("gpu", ())):
             seen = set()
             for cell in suite.plan(part.preset):
                 if tuple(cell.arm.items()) in seen:

@@ -101,6 +101,44 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     assert (tmp_path / "results" / "table2" / "real" / "report.md").read_text() == report
 
 
+def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_path):
+    """SCALE=gpu is the same suite with its own preset and records folder; here on CPU
+    (trainer.device=cpu, the override that lets it run without a GPU), shrunk like above."""
+    env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path / "results")}
+    args = ["reproduce", "tfixup-depth", "--scale", "gpu", "--out", str(tmp_path / "out"),
+            "trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2",
+            "trainer.max_updates=6", "trainer.log_interval=3", "trainer.valid_interval=3",
+            "trainer.save_interval=3",
+            "trainer.eval_beam=2", "trainer.seed=1"]
+    proc = run_cli(args, cwd=REPO, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "(real data, GPU)" in proc.stdout and "1 at a time" in proc.stdout  # one cell per GPU by default
+    tier = tmp_path / "results" / "tfixup-depth" / "gpu"
+    (record,) = [json.loads(line) for line in (tier / "records.jsonl").read_text().splitlines()]
+    assert "+sweep=reproduce_tfixup_depth_gpu" in record["overrides"] and record["updates"] == 6
+    assert record["seconds_per_update"] > 0 and record["peak_memory_mb"] is None  # no CUDA: no peak
+    assert not (tmp_path / "results" / "tfixup-depth" / "real").exists()
+    report = (tier / "report.md").read_text()
+    assert report.startswith("# T-Fixup ultra-deep scan") and "real-data tier on a GPU" in report
+    header = next(line for line in report.splitlines() if line.startswith("| arm"))
+    assert header.split("|")[-4:-1] == [" GPU min ", " s/update ", " peak MiB "]
+    lines = report.splitlines()
+    row = lines[lines.index(header) + 2]  # the one arm (model.layers=2 is fixed, not an axis)
+    assert row.split("|")[-3].strip() == f"{record['seconds_per_update']:.3f}"
+
+
+def test_gpu_tier_without_a_gpu_says_so_in_one_line(tmp_path):
+    from runner import reproduce
+
+    if reproduce.gpu_visible():
+        pytest.skip("a GPU is visible: the tier runs")
+    proc = run_cli(["reproduce", "table2", "--scale", "gpu", "--out", str(tmp_path)], cwd=REPO, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]  # one line, no traceback
+    assert "--scale gpu trains on CUDA, and no GPU is visible here" in proc.stderr
+    assert not (tmp_path / "table2-gpu").exists()
+
+
 @pytest.mark.slow
 def test_one_pool_trains_several_suites_and_reports_each_when_done(tmp_path):
     from runner.records import Records

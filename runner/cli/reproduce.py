@@ -22,15 +22,17 @@ def main(argv: Sequence[str]) -> int:
                    "swept axis replaces its values (e.g. model.layers=6,20,50)")
     p.add_argument("--scale", choices=reproduce.SCALES,
                    help="cpu: the toy smoke tier (minutes); real: Multi30k on this CPU with "
-                   "seeds, CIs and verdicts, records in results/ (hours); paper: the papers' "
-                   "recipes (GPU). Default: paper when a GPU is visible, else cpu; real for targets that "
+                   "seeds, CIs and verdicts, records in results/ (hours); gpu: the same on one GPU at "
+                   "the papers' model size (table2, tfixup-depth); paper: the papers' recipes "
+                   "(GPU). Default: paper when a GPU is visible, else cpu; real for targets that "
                    "have only a real tier")
     p.add_argument("--launcher", choices=reproduce.LAUNCHERS,
                    help="default: local (cells in parallel: one per GPU, or --parallel on CPU); the "
                         "real tier runs its cells itself and ignores it")
     p.add_argument("--parallel", type=int, default=0,
                    help="cells at once: at CPU scale with the local launcher, at the real tier, and "
-                        "for status's estimate of the time left (default: CPU count)")
+                        "for status's estimate of the time left (default: CPU count); at the gpu "
+                        "tier, cells sharing the GPU (default 1)")
     p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
                    help="parent of the sweep folder <target>-<scale> (default outputs/reproduce)")
     p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")

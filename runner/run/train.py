@@ -132,6 +132,10 @@ def result_record(parts: RunParts, trainer: Trainer, outcome: Outcome, resumed: 
         "valid_unigram_nll": parts.valid_unigram_nll, "stalled": stalled,
         "tokens_per_s": s.train_tokens / max(s.train_seconds, 1e-9),
         "train_tokens": s.train_tokens,
+        "seconds_per_update": s.train_seconds / s.step if s.step else None,
+        # the CUDA caching allocator's high-water mark of this process (None on CPU)
+        "peak_memory_mb": (torch.cuda.max_memory_allocated(parts.device) / 2 ** 20
+                           if parts.device.type == "cuda" else None),
         "wall_s": trainer.wall_s(),
         "resumed": resumed, "parameters": parts.parameters, "bleu": None,
         "device": str(parts.device), "precision": parts.precision,

@@ -48,6 +48,13 @@ _NOT_A_RESULT = ("hydra", "trainer.progress", "trainer.device", "trainer.threads
                  "trainer.tensorboard", "logger")
 
 
+def run_only(overrides: Sequence[str]) -> list[str]:
+    """The overrides that change how a run runs but not its result (trainer.device=cpu, a
+    logger), hydra.* left out: a suite passes them on to its cells without changing their key."""
+    return [o for o in overrides if (key := norm_key(o.split("=", 1)[0])).startswith(_NOT_A_RESULT)
+            and not key.startswith("hydra")]
+
+
 def canonical(overrides: Sequence[str]) -> frozenset[str]:
     """Overrides as Hydra writes them into .hydra/overrides.yaml (1e-4 -> 0.0001), hydra.* left
     out, so a planned cell and its run folder compare equal."""
