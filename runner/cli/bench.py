@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from runner import bench
@@ -62,4 +63,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    return bench.run_bench(parse_args(argv), argv, compose)
+    args = parse_args(argv)
+    try:
+        return bench.run_bench(args, argv, compose)
+    except KeyboardInterrupt:  # Ctrl-C or a time limit's SIGINT: one line, no traceback
+        sys.stderr.write("deepinit bench: interrupted; the entries of this call are not written\n")
+        return 130

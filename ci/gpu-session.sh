@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One step of the GPU checks on a machine with one NVIDIA GPU, each step within a time limit and
+# with everything it measures written under $OUT (default outputs/gpu-session):
+#
+#   bash ci/gpu-session.sh tests  [SECONDS] [pytest args]     the CUDA tests (tests/test_cuda.py)
+#   bash ci/gpu-session.sh bench  [SECONDS] [bench args]      throughput, MFU, memory, decoding,
+#                                                             eager and compiled, beside plain PyTorch
+#   bash ci/gpu-session.sh table2 [SECONDS] [overrides]       reproduce table2 --scale gpu
+#   bash ci/gpu-session.sh depth  [SECONDS] [overrides]       reproduce tfixup-depth --scale gpu
+#
+# SECONDS (default 540) bounds the step: at the limit the step gets SIGINT, so a reproduce step
+# stops its cells with a checkpoint and the same command resumes them. The reproduce steps keep
+# their records in results/<target>/gpu/ of this checkout and copy them to $OUT. Environment:
+#   PARALLEL=N            cells sharing the GPU in the reproduce steps (default 1)
+#   PRESETS, REPS         the bench step's presets (default "base small big base-18", one JSON
+#                         each) and alternating runs per side (default 3)
+#   DEEPINIT_DATA_ROOT    the folder holding multi30k/ (default .gpudata of this checkout)
+#   PYTHON                the interpreter (default .venv/bin/python when there is one, else python3)
+# When .whl/device-env.sh exists (a machine without the Python packages: wheels carried beside the
+# checkout) it is sourced first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step=${1:?usage: bash ci/gpu-session.sh tests|bench|table2|depth [SECONDS] [args]}
+limit=${2:-540}
+shift $(( $# < 2 ? $# : 2 ))
+out=${OUT:-outputs/gpu-session}
+mkdir -p "$out"
+if [ -f .whl/device-env.sh ]; then . .whl/device-env.sh; fi
+export DEEPINIT_DATA_ROOT=${DEEPINIT_DATA_ROOT:-$PWD/.gpudata}
+export COLUMNS=${COLUMNS:-160}  # rich tables in the logs at full width
+python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3)}
+{ date -u +"%Y-%m-%dT%H:%M:%SZ"; git rev-parse HEAD 2>/dev/null || true
+  nvidia-smi 2>&1 || echo "nvidia-smi: not available"; } > "$out/machine-$step.txt"
+
+case "$step" in
+  tests)
+    timeout -s INT "$limit" "$python" -m pytest -m cuda -v -rs tests/test_cuda.py \
+      --junitxml "$out/cuda-tests.xml" "$@" 2>&1 | tee "$out/cuda-tests.log"
+    ;;
+  bench)
+    # one call and one JSON per preset, so a step cut short by its limit keeps the finished ones
+    deadline=$(( $(date +%s) + limit ))
+    for preset in ${PRESETS:-base small big base-18}; do
+      left=$(( deadline - $(date +%s) ))
+      if [ "$left" -lt 30 ]; then echo "gpu-session: no time left for $preset" | tee -a "$out/bench.log"; break; fi
+      timeout -s INT "$left" "$python" -m runner.cli bench --presets "$preset" --compile both \
+        --reference --reps "${REPS:-3}" --out "$out/bench-$preset.json" "$@" 2>&1 | tee -a "$out/bench.log"
+    done
+    ;;
+  table2|depth)
+    target=$([ "$step" = table2 ] && echo table2 || echo tfixup-depth)
+    rc=0
+    timeout -s INT "$limit" "$python" -m runner.cli reproduce "$target" --scale gpu \
+      --parallel "${PARALLEL:-1}" --out outputs/reproduce "$@" 2>&1 | tee "$out/$target.log" || rc=$?
+    records="${DEEPINIT_RESULTS:-results}/$target/gpu"
+    if [ -d "$records" ]; then cp -r "$records" "$out/$target-gpu"; fi
+    exit "$rc"
+    ;;
+  *)
+    echo "gpu-session: unknown step '$step' (expected tests, bench, table2 or depth)" >&2
+    exit 2
+    ;;
+esac
