@@ -870,24 +870,26 @@ def run_all_real(args) -> int:
 
 
 def real_tier_status(parallel: int) -> list[dict]:
-    """Per target with a real tier: planned cells, records by status, verdicts by kind, and the
-    estimated wall time of the cells without a record (`parallel` at a time, each preset's
-    cpu_minutes_per_cell)."""
+    """Per target with a real tier (and, as "<target> (gpu)", per gpu tier): planned cells,
+    records by status, verdicts by kind, and the estimated wall time of the cells without a
+    record (`parallel` at a time on CPU, one at a time on a GPU; each preset's minutes per
+    cell)."""
     rows = []
-    for target in TARGETS.values():
-        if "real" not in target.parts:
-            continue
-        real = real_suite(target)
+    tiers = [(t, tier) for tier in SUITE_TIERS for t in TARGETS.values() if tier in t.parts]
+    for target, tier in tiers:
+        real = real_suite(target, tier=tier)
         cells, minutes = real.cells, real.minutes
         done = [c.record for c in cells if c.record is not None]
         todo = len(cells) - len(done)
         verdict_counts: dict[str, int] = {}
         for verdict in suite.verdicts(real.part.preset, cells):
             verdict_counts[verdict.verdict] = verdict_counts.get(verdict.verdict, 0) + 1
-        rows.append({"target": target.name, "cells": len(cells), "records": len(done),
+        rows.append({"target": target.name + (" (gpu)" if tier == "gpu" else ""), "tier": tier,
+                     "cells": len(cells), "records": len(done),
                      **{status: sum(r["status"] == status for r in done) for status in ("ok", "diverged", "stalled")},
                      "verdicts": verdict_counts,
-                     "remaining_s": estimate_wall_s([minutes * 60] * todo, parallel) if minutes else None})
+                     "remaining_s": estimate_wall_s([minutes * 60] * todo, 1 if tier == "gpu" else parallel)
+                     if minutes else None})
     return rows
 
 
@@ -899,7 +901,7 @@ def print_status(parallel: int) -> int:
     from runner.console import console  # noqa: PLC0415 (see above)
 
     rows = real_tier_status(parallel)
-    table = Table(title=f"real-tier suites: records in {results_root()}", title_justify="left",
+    table = Table(title=f"real-data suites: records in {results_root()}", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col in ("target", "cells", "ok", "div", "stall", "claims", "left"):
         # only the claims wrap, so that a narrow terminal or a pipe cuts no number short
@@ -913,13 +915,16 @@ def print_status(parallel: int) -> int:
                      "-" if r["remaining_s"] is None else f"~{_fmt_time(r['remaining_s'])}")
         table.add_row(r["target"], f"{r['records']}/{r['cells']}", str(r["ok"]), str(r["diverged"]),
                       str(r["stalled"]), verdicts, remaining)
-    total_left = sum(r["remaining_s"] or 0 for r in rows)
+    total_left = sum(r["remaining_s"] or 0 for r in rows if r["tier"] == "real")
+    gpu_left = sum(r["remaining_s"] or 0 for r in rows if r["tier"] == "gpu")
     console.print(table)
     console.print(f"cells: with a record / planned (a crashed cell gets no record and runs again); "
                   f"div/stall: diverged, stalled; claims: verdicts so far; left: "
                   f"estimated wall time of the cells without a record, {parallel} at a time on an idle "
-                  f"machine (each preset's cpu_minutes_per_cell); in all ~{_fmt_time(total_left)}. "
-                  "`deepinit reproduce TARGET --scale real` runs a suite's missing cells.")
+                  f"machine (each preset's cpu_minutes_per_cell); in all ~{_fmt_time(total_left)} of "
+                  f"CPU suites, plus ~{_fmt_time(gpu_left)} of (gpu) suites, one cell at a time on one "
+                  "GPU (estimated). `deepinit reproduce TARGET --scale real|gpu` runs a suite's missing "
+                  "cells.")
     return 0
 
 
