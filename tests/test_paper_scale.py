@@ -17,8 +17,9 @@ core. Depth, width, vocabulary sharing, init, norm placement and optimizer are t
 On an idle 2-core machine the file takes about 2 minutes (the 18+18 and 24+24 cells ~35-40 s
 each, a third of that writing their 1.6-2.1 GB checkpoint_last.pt, which the test then deletes).
 
-Also here: the Lipschitz preset against its paper's recipe, and the GPU-hour estimate of the
-paper-scale targets (runner/reproduce.py paper_gpu_hours) against a hand computation.
+Also here: the Lipschitz preset against its paper's recipe, the GPU-hour estimate of the
+paper-scale targets (runner/reproduce.py paper_gpu_hours) against a hand computation, and the
+deepest model of each SCALE=gpu preset trained for 2 updates on CPU.
 """
 from __future__ import annotations
 
@@ -216,3 +217,35 @@ def _flop_hours(preset: str, *axes: str) -> float:
     part = next(p for _, p in PAPER_PARTS if p.preset == preset)
     flops = cfg.trainer.max_updates * rp.update_flops(cfg, rp.PAPER_CORPORA[part.data_env])
     return flops / (rp.H100_PEAK_TFLOPS * 1e12 * rp.ASSUMED_UTILIZATION) / 3600
+
+
+# ----------------------------------------------------------------------------- the GPU tier
+GPU_PARTS = [(name, part) for name, t in rp.TARGETS.items() for part in t.parts.get("gpu", ())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target,part", GPU_PARTS, ids=[p.preset for _, p in GPU_PARTS])
+def test_gpu_tier_preset_trains_2_updates_of_its_deepest_model_on_cpu(target, part, tmp_path):
+    """SCALE=gpu's deepest model (18+18 of 512-1024-4; 200+200 of 64-128-2) at its real size,
+    through `deepinit train` on CPU: fp32 instead of bf16, the toy corpus instead of Multi30k
+    (no corpus needed), 2 updates."""
+    from runner import suite
+
+    first = suite.plan(part.preset)[0]  # the plans list the deepest setting first
+    cfg = compose(first.overrides)
+    deepest = max(compose(c.overrides).model.num_encoder_layers for c in suite.plan(part.preset))
+    assert cfg.model.num_encoder_layers == cfg.model.num_decoder_layers == deepest
+    run_dir = tmp_path / "run"
+    proc = run_cli(["train", *first.overrides, "data=toy", "data.toy.train_size=64", "data.toy.valid_size=8",
+                    "data.toy.test_size=8", "trainer.max_updates=2", "trainer.device=cpu",
+                    "trainer.precision=fp32", "trainer.final_bleu=false", "trainer.valid_interval=0",
+                    "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.log_interval=1",
+                    "warmup.updates=0", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["updates"] == 2 and math.isfinite(result["train_loss"])
+    assert result["seconds_per_update"] > 0 and result["peak_memory_mb"] is None  # CPU: no CUDA peak
+    m = cfg.model
+    assert f"{m.num_encoder_layers}+{m.num_decoder_layers} layers" in (run_dir / "train.log").read_text()
+    for ckpt in run_dir.glob("*.pt"):
+        ckpt.unlink()
