@@ -411,6 +411,10 @@ def test_status_counts_records_claims_and_time_left(tmp_path, monkeypatch, capsy
     assert table2["remaining_s"] == pytest.approx(10 * 32 * 60)
     assert table2["verdicts"]["incomplete"] == 8  # a partial suite never reads as a result
     assert rows["grid"]["records"] == 0 and rows["grid"]["cells"] == 90
+    # the gpu tiers have rows of their own, counted from results/<target>/gpu, one cell at a time
+    gpu = rows["table2 (gpu)"]
+    assert (gpu["tier"], gpu["cells"], gpu["records"]) == ("gpu", 28, 0)
+    assert gpu["remaining_s"] == pytest.approx(28 * 5 * 60)
     assert reproduce_main(["status", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
     assert "table2" in out and "2/21" in out and "8 incomplete" in out
