@@ -367,3 +367,36 @@ def test_profile_rejects_comparisons_and_negative_counts(capsys):
     assert main_bench(["--quick", "--profile", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "--profile" in err[0] and "--profile" in err[1]
+
+
+def test_sigint_during_a_bench_exits_130_with_one_line(tmp_path):
+    """Ctrl-C (or a time limit's SIGINT, as ci/gpu-session.sh sends) ends `deepinit bench` with
+    status 130 and one line, not a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    cmd = [sys.executable, "-m", "runner.cli", "bench", "--presets", "ci", "--device", "cpu", "--threads", "1",
+           "--no-decode", "--depths", "--warmup", "1", "--steps", "100000", "--windows", "1",
+           "--out", str(tmp_path / "b.json"), "--work", str(tmp_path / "work")]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        seen = ""
+        deadline = time.time() + 300
+        while "timed updates" not in seen and time.time() < deadline and proc.poll() is None:
+            seen += proc.stdout.readline()
+        assert "timed updates" in seen, seen  # the entry is training: SIGINT lands inside the bench
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "deepinit bench: interrupted; the entries of this call are not written"
+    assert not (tmp_path / "b.json").exists()
