@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from runner.bench import CUDA_BF16_PEAK_TFLOPS, train_flops
 from runner.config import Config, ModelConfig, TrainerConfig
 from runner.records import Records, results_root
 from runner.run.evaluate import evaluate_run
+from runner.sweep.cells import signal_of
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
     NOT_TRAINED,
@@ -1011,9 +1013,12 @@ def run(args) -> int:
             proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd())
             try:
                 proc.wait()
-            except BaseException:  # SIGTERM here stops the sweep's launcher, which stops its cells
-                # (after a Ctrl-C it is already stopping them, within its stop_grace_s of 10 s)
-                suite.stop_cells([proc], settle_s=15.0)
+            except BaseException as exc:  # stop the sweep's launcher, which stops its cells
+                # A Ctrl-C in the terminal reached the launcher too, and it is already stopping
+                # them (within its stop_grace_s of 10 s); a SIGTERM (`kill PID`) reached only
+                # this process, so the launcher is told at once.
+                ctrl_c = isinstance(exc, KeyboardInterrupt) and signal_of(exc) == signal.SIGINT
+                suite.stop_cells([proc], settle_s=15.0 if ctrl_c else 0.0)
                 raise
             if proc.returncode:
                 print(f"deepinit -m exited with {proc.returncode} (cells' train.log files say why)",

@@ -434,3 +434,59 @@ def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch,
     assert reproduce_main(["all", "--dry-run", "model.layers=6"]) == 2
     assert reproduce_main(["all", "--scale", "cpu", "--dry-run"]) == 2
     assert "only --scale real" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_cpu_tier_driver_stops_its_sweep_and_a_rerun_finishes_the_cell(tmp_path):
+    """`kill PID` of `deepinit reproduce --scale cpu` (SIGTERM to the driver alone): its
+    `deepinit -m` child is told at once and stops the cell, none trains on orphaned, the cell is
+    marked interrupted, the driver exits 143 with one line saying so; the same command then
+    resumes the cell from its checkpoint and finishes it. The cell is frozen (SIGSTOP) from its
+    first checkpoint until the launcher's SIGINT waits on it, so it cannot finish first however
+    fast the machine trains."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from hydra_plugins.deepinit_launcher.processes import alive, descendants
+    from tests.process_control import holding_files_under, send, wait_pending
+
+    args = ["-m", "runner.cli", "reproduce", "table2", "--scale", "cpu", "--launcher", "local",
+            "--parallel", "1", "--out", str(tmp_path / "out"), "--no-eval", "method=pre_ln",
+            "model.layers=1", "data.toy.train_size=200", "data.toy.valid_size=10", "data.toy.test_size=10",
+            "trainer.max_updates=300", "trainer.log_interval=10", "trainer.valid_interval=0",
+            "trainer.save_interval=20", "trainer.divergence.stall_margin=-1000"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    driver = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    frozen: set[int] = set()
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and driver.poll() is None and not frozen:
+            for ckpt in (tmp_path / "out").rglob("checkpoint_last.pt"):
+                frozen = holding_files_under(descendants(driver.pid), ckpt.parent)
+                send(frozen, signal.SIGSTOP)
+            time.sleep(0.05)
+        assert frozen and driver.poll() is None, "the sweep ended before it could be stopped"
+        tree = descendants(driver.pid)
+        driver.send_signal(signal.SIGTERM)
+        # no settling for a SIGTERM: the launcher is told at once and passes SIGINT to the cell
+        assert wait_pending(frozen, signal.SIGINT, timeout_s=10.0), "the cell was not told to stop"
+        send(frozen, signal.SIGCONT)
+        _, err = driver.communicate(timeout=180)
+    finally:
+        send(frozen, signal.SIGCONT)
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("deepinit: interrupted (SIGTERM)")
+    assert not [p for p in tree if alive(p)], "a process of the sweep outlived its driver"
+    (run_dir,) = [p.parent for p in (tmp_path / "out").rglob("checkpoint_last.pt")]
+    assert json.loads((run_dir / "interrupted.json").read_text())["status"] == "interrupted"
+    assert not (run_dir / "result.json").exists()
+    done = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["updates"] == 300 and result["resumed"] is True
