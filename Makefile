@@ -6,7 +6,7 @@
 #   make test-cuda          only the CUDA checks (tests/test_cuda.py)
 #   make bench              training/decoding throughput, MFU, depth scaling (docs/performance.md)
 #   make bench-peer PEER_TOOLS=DIR   the same side by side with fairseq (DIR: the peer scripts)
-#   make reproduce-TARGET   a published table, e.g. reproduce-table2 [SCALE=cpu|real|paper]
+#   make reproduce-TARGET   a published table, e.g. reproduce-table2 [SCALE=cpu|real|gpu|paper]
 #                           (deepinit reproduce list: the targets; docs/reproductions.md)
 #   make reproduce-all      every real-data suite's missing cells in one pool (many hours on CPU)
 #   make example-multi30k   a small model on Multi30k De->En on CPU, scored on test2016
