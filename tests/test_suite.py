@@ -140,6 +140,32 @@ def test_gpu_tier_without_a_gpu_says_so_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_session_script_runs_a_suite_step_and_copies_its_records_to_out(tmp_path):
+    """ci/gpu-session.sh's reproduce step, here on CPU (trainer.device=cpu, toy data): the step
+    passes its arguments on, and $OUT receives the log, the machine file and the records; an
+    unknown step is one line and status 2."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "gpu-out"
+    env = {**os.environ, "OUT": str(out), "DEEPINIT_RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable}
+    args = ["trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2", "trainer.seed=1",
+            "trainer.max_updates=6", "trainer.log_interval=3", "trainer.valid_interval=3",
+            "trainer.save_interval=3", "trainer.eval_beam=2"]
+    proc = subprocess.run(["bash", "ci/gpu-session.sh", "depth", "300", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "machine-depth.txt").read_text().strip()
+    assert "(real data, GPU)" in (out / "tfixup-depth.log").read_text()
+    (record,) = (out / "tfixup-depth-gpu" / "records.jsonl").read_text().splitlines()
+    assert json.loads(record)["updates"] == 6 and (out / "tfixup-depth-gpu" / "report.md").is_file()
+    bad = subprocess.run(["bash", "ci/gpu-session.sh", "nope"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "gpu-session: unknown step 'nope' (expected tests, bench, table2 or depth)"
+
+
+@pytest.mark.slow
 def test_one_pool_trains_several_suites_and_reports_each_when_done(tmp_path):
     from runner.records import Records
 
