@@ -12,10 +12,16 @@
 # stops its cells with a checkpoint and the same command resumes them. The reproduce steps keep
 # their records in results/<target>/gpu/ of this checkout and copy them to $OUT. Environment:
 #   PARALLEL=N            cells sharing the GPU in the reproduce steps (default 1)
-#   PRESETS, REPS         the bench step's presets (default "base small big base-18", one JSON
-#                         each) and alternating runs per side (default 3)
+#   PRESETS, REPS         the bench step's entries, one call and one JSON each (default "base
+#                         small big base-18 depth"; depth: the depth-scaling entries alone, eager)
+#                         and alternating runs per side (default 3)
+#   DEPTHS, COMPILE       the depth entries' layers per stack (default "6 50 100 200") and the
+#                         presets' --compile (default both: eager and compiled)
 #   DEEPINIT_DATA_ROOT    the folder holding multi30k/ (default .gpudata of this checkout)
 #   PYTHON                the interpreter (default .venv/bin/python when there is one, else python3)
+#   BUNDLE=NAME           write the step's files to a scratch folder and pack them, at the end or
+#                         at an early exit, into $OUT/NAME.tgz: one file for a machine that hands
+#                         back only a few
 # When .whl/device-env.sh exists (a machine without the Python packages: wheels carried beside the
 # checkout) it is sourced first.
 set -euo pipefail
@@ -25,6 +31,11 @@ limit=${2:-540}
 shift $(( $# < 2 ? $# : 2 ))
 out=${OUT:-outputs/gpu-session}
 mkdir -p "$out"
+if [ -n "${BUNDLE:-}" ]; then
+  bundle="$(cd "$out" && pwd)/$BUNDLE.tgz"
+  out=$(mktemp -d)
+  trap 'tar czf "$bundle" -C "$out" . && rm -rf "$out"' EXIT
+fi
 if [ -f .whl/device-env.sh ]; then . .whl/device-env.sh; fi
 export DEEPINIT_DATA_ROOT=${DEEPINIT_DATA_ROOT:-$PWD/.gpudata}
 export COLUMNS=${COLUMNS:-160}  # rich tables in the logs at full width
@@ -38,14 +49,24 @@ case "$step" in
       --junitxml "$out/cuda-tests.xml" "$@" 2>&1 | tee "$out/cuda-tests.log"
     ;;
   bench)
+    rc=0
     # one call and one JSON per preset, so a step cut short by its limit keeps the finished ones
     deadline=$(( $(date +%s) + limit ))
-    for preset in ${PRESETS:-base small big base-18}; do
+    # a preset's call leaves the depth entries out (--depths with no value); "depth" is a call of them alone
+    for preset in ${PRESETS:-base small big base-18 depth}; do
       left=$(( deadline - $(date +%s) ))
       if [ "$left" -lt 30 ]; then echo "gpu-session: no time left for $preset" | tee -a "$out/bench.log"; break; fi
-      timeout -s INT "$left" "$python" -m runner.cli bench --presets "$preset" --compile both \
-        --reference --reps "${REPS:-3}" --out "$out/bench-$preset.json" "$@" 2>&1 | tee -a "$out/bench.log"
+      if [ "$preset" = depth ]; then
+        # shellcheck disable=SC2086  # DEPTHS is a list of numbers
+        entries=(--depths ${DEPTHS:-6 50 100 200} --presets)
+      else
+        entries=(--depths --presets "$preset" --compile "${COMPILE:-both}" --reference --reps "${REPS:-3}")
+      fi
+      # a failed call does not stop the next one; the step's status is the last failure's
+      timeout -s INT "$left" "$python" -m runner.cli bench "${entries[@]}" --out "$out/bench-$preset.json" \
+        "$@" 2>&1 | tee -a "$out/bench.log" || rc=$?
     done
+    exit "$rc"
     ;;
   table2|depth)
     target=$([ "$step" = table2 ] && echo table2 || echo tfixup-depth)

@@ -166,6 +166,33 @@ def test_gpu_session_script_runs_a_suite_step_and_copies_its_records_to_out(tmp_
 
 
 @pytest.mark.slow
+def test_gpu_session_bench_step_times_presets_and_depth_apart_and_bundles_its_files(tmp_path):
+    """ci/gpu-session.sh's bench step, here on CPU: each preset's call times that preset alone
+    (no depth entries riding along), "depth" is a call of the depth entries alone, and BUNDLE packs
+    every file of the step into one archive under $OUT."""
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    out = tmp_path / "gpu-out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "PRESETS": "tiny depth",
+           "DEPTHS": "2", "COMPILE": "off", "REPS": "1", "BUNDLE": "bench"}
+    proc = subprocess.run(["bash", "ci/gpu-session.sh", "bench", "300", "--device", "cpu", "--warmup", "1",
+                           "--steps", "1", "--windows", "1", "--no-decode", "--work", str(tmp_path / "work")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [f.name for f in out.iterdir()] == ["bench.tgz"]
+    with tarfile.open(out / "bench.tgz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+        reports = {p: json.load(tar.extractfile(f"./bench-{p}.json")) for p in ("tiny", "depth")}
+    assert {"machine-bench.txt", "bench.log", "bench-tiny.json", "bench-depth.json"} <= names
+    assert [(e["name"], e["group"]) for e in reports["tiny"]["entries"]] == [("tiny", "preset")]
+    assert [(e["name"], e["group"]) for e in reports["depth"]["entries"]] == [("depth-2", "depth"),
+                                                                             ("depth-2-ckpt", "depth")]
+
+
+@pytest.mark.slow
 def test_one_pool_trains_several_suites_and_reports_each_when_done(tmp_path):
     from runner.records import Records
 
