@@ -836,17 +836,18 @@ REAL_SUITE_ORDER = ("table2", "tfixup-depth", "schemes-norms", "schemes-scaling"
 
 
 def run_all_real(args) -> int:
-    """Every real-tier suite's cells without a record, `--parallel` at a time in one pool (a
-    core freed at the end of one suite starts the next suite's first cell); each suite's report
-    is written as soon as its last cell has finished."""
+    """Every real-tier suite's cells without a record (or those of `--suites`, in that order),
+    `--parallel` at a time in one pool (a core freed at the end of one suite starts the next
+    suite's first cell); each suite's report is written as soon as its last cell has finished."""
     if args.overrides:
         print("deepinit reproduce all: overrides change one target's cells; run that target by itself",
               file=sys.stderr)
         return 2
     parallel = args.parallel or os.cpu_count() or 1
+    names = list(dict.fromkeys(getattr(args, "suites", None) or REAL_SUITE_ORDER))  # once each, in order
     jobs, costs, plans = [], [], {}
-    print(f"reproduce all (real data): {len(REAL_SUITE_ORDER)} suites, records in {results_root()}")
-    for name in REAL_SUITE_ORDER:
+    print(f"reproduce all (real data): {len(names)} suites, records in {results_root()}")
+    for name in names:
         real = plans[name] = real_suite(TARGETS[name])
         todo, work = real.todo, sweep_dir_for(args.out.resolve(), name, "real")
         jobs += [suite.Job(cell, work, real.records, name) for cell in todo]
@@ -938,6 +939,10 @@ def run(args) -> int:
         return 0
     if args.target == "status":
         return print_status(args.parallel or os.cpu_count() or 1)
+    if getattr(args, "suites", None) and args.target != "all":
+        print(f"deepinit reproduce {args.target}: --suites chooses the suites of 'all'; leave it out or "
+              "run 'deepinit reproduce all --suites ...'", file=sys.stderr)
+        return 2
     if args.target == "all":
         if args.scale not in (None, "real"):
             print("deepinit reproduce all: only --scale real (every real-tier suite)", file=sys.stderr)

@@ -436,6 +436,18 @@ def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch,
     assert "only --scale real" in capsys.readouterr().err
 
 
+def test_all_with_suites_plans_only_those_suites_in_the_order_given(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
+    assert reproduce_main(["all", "--suites", "mup-transfer", "schemes-norms", "mup-transfer",
+                           "--dry-run", "--parallel", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 suites" in out and "53 cells, 2 at a time" in out  # 32 + 21, mup-transfer once
+    assert out.index("mup-transfer") < out.index("schemes-norms") and "table2" not in out
+    assert reproduce_main(["table2", "--suites", "grid", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "--suites chooses the suites of 'all'" in err
+
+
 @pytest.mark.slow
 def test_sigterm_to_a_cpu_tier_driver_stops_its_sweep_and_a_rerun_finishes_the_cell(tmp_path):
     """`kill PID` of `deepinit reproduce --scale cpu` (SIGTERM to the driver alone): its

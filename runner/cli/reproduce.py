@@ -35,6 +35,9 @@ def main(argv: Sequence[str]) -> int:
                         "tier, cells sharing the GPU (default 1)")
     p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
                    help="parent of the sweep folder <target>-<scale> (default outputs/reproduce)")
+    p.add_argument("--suites", nargs="+", metavar="SUITE", choices=reproduce.REAL_SUITE_ORDER,
+                   help="with 'all': only these real-tier suites, in this order (default: every one, "
+                        f"in the order {', '.join(reproduce.REAL_SUITE_ORDER)})")
     p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")
     p.add_argument("--no-eval", action="store_true", help="do not decode/score finished cells")
     p.add_argument("--table-only", action="store_true",
