@@ -3,6 +3,7 @@ folders, the paper-scale refusal, and one real cell end to end (resumed as a no-
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -170,6 +171,13 @@ def test_every_real_tier_arm_composes_and_validates():
     ("reproduce_grid_paper", {"method": "admin", "optim.beta2": "0.99", "optim.lr": "5e-4"},
      {"optim.name": "radam", "schedule.name": "linear", "warmup.updates": 0, "schedule.min_lr": 0.0,
       "trainer.max_updates": 100000}),
+    # QK-norm in its paper's setting (Henry et al. 2020; QKN QKNorm/configurations.py: pre_act,
+    # fix_norm, mha_sup), g0 = log2(L^2 - L) with L = 27 for Multi30k
+    ("reproduce_schemes_scaling_real", {"method": "qk_norm"},
+     {"norm.placement": "pre", "model.fixnorm": True, "model.qk_norm": "l2", "warmup.updates": 0,
+      "model.qk_norm_temperature": round(math.log2(27 ** 2 - 27), 3)}),
+    ("reproduce_schemes_scaling_warmup_real", {"method": "qk_norm"},
+     {"norm.placement": "pre", "model.fixnorm": True, "model.qk_norm": "l2", "warmup.updates": 500}),
     ("reproduce_tfixup_depth_paper", {"model.layers": "100"},
      {"optim.lr": 5e-4, "optim.clip_norm": 25.0, "model.share_embeddings": "decoder_io",
       "trainer.max_updates": 50000}),
