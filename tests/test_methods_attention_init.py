@@ -15,7 +15,7 @@ from runner import init as init_schemes
 from runner.config import Config, ConfigError
 from runner.init.layerscale import layerscale_epsilon
 from runner.model import kernels
-from runner.model.attention import QK_NORM_EPS, MultiheadAttention
+from runner.model.attention import QK_NORM_EPS, L2Norm, MultiheadAttention
 from runner.model.linear import SigmaReparamLinear
 from runner.model.loss import label_smoothed_nll
 from runner.run.build import build_run, check_config
@@ -247,6 +247,31 @@ def test_qk_norm_model_incremental_decoding_and_unpadded_training_match(kind):
     torch.testing.assert_close(packed, padded[keep], rtol=1e-5, atol=1e-5)
     n_norms = sum(1 for name, _ in model.norms() if name.endswith(("q_norm", "k_norm")))
     assert n_norms == (0 if kind == "l2" else 2 * (2 + 2 * 2))  # q and k per attention module
+
+
+
+@pytest.mark.parametrize("overrides, g0", [
+    # the default: Henry et al.'s own g0 = log2(L^2 - L) at L = 72 (QKN configurations.py)
+    (["model.qk_norm=l2"], math.log2(72 ** 2 - 72)),
+    # method=qk_norm with the temperature the schemes-scaling presets set for Multi30k (L = 27)
+    (["method=qk_norm", "model.qk_norm_temperature=9.455"], 9.455),
+])
+def test_qk_norm_temperature_reaches_every_attention_from_the_config(overrides, g0):
+    """The composed config's g0 is the initial temperature of every self- and cross-attention
+    module after the init scheme has run (the scheme must not reset it)."""
+    cfg = compose([*TINY, *overrides])
+    torch.manual_seed(0)
+    model = build_model(cfg, VOCAB, VOCAB, PAD)
+    init_schemes.apply(model, cfg, None)
+    attentions = [m for m in model.modules() if isinstance(m, MultiheadAttention)]
+    layers = cfg.model.encoder_layers or cfg.model.layers, cfg.model.decoder_layers or cfg.model.layers
+    assert len(attentions) == layers[0] + 2 * layers[1]  # encoder self; decoder self and cross
+    for m in attentions:
+        assert isinstance(m.q_norm, L2Norm) and isinstance(m.k_norm, L2Norm)
+        assert m.scale == 1.0  # l2: g replaces 1/sqrt(Dh)
+        assert m.qk_temperature.item() == pytest.approx(g0, abs=5e-4)
+    if "method=qk_norm" in overrides:  # the paper's setting: Pre-LN with FixNorm
+        assert cfg.norm.placement == "pre" and cfg.model.fixnorm
 
 
 # ----------------------------------------------------------------------------- sigma-reparam
