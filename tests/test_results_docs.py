@@ -1,5 +1,5 @@
 """Docs quote results, never type them: every number inside a results block of
-docs/reproductions.md or docs/performance.md (between `<!-- results: PATH -->` and `<!-- /results -->`) appears in the
+docs/reproductions.md, docs/performance.md, docs/methods.md or README.md (between `<!-- results: PATH -->` and `<!-- /results -->`) appears in the
 committed file results/PATH it names. Measured numbers appear in the docs only inside such
 blocks; the rest of the page states options, recipes and the papers' numbers."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_block_parser():
     assert missing_numbers("| 1.25 | 3 | 7.5 |", "x 1.25 y 3") == ["7.5"]
 
 
-@pytest.mark.parametrize("doc", ["docs/reproductions.md", "docs/performance.md", "README.md"])
+@pytest.mark.parametrize("doc", ["docs/reproductions.md", "docs/performance.md", "docs/methods.md", "README.md"])
 def test_every_quoted_number_is_in_its_results_file(doc):
     for path, body in blocks((REPO / doc).read_text()):
         source = REPO / "results" / path
