@@ -137,6 +137,12 @@ def test_gpu_tier_without_a_gpu_says_so_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]  # one line, no traceback
     assert "--scale gpu trains on CUDA, and no GPU is visible here" in proc.stderr
     assert not (tmp_path / "table2-gpu").exists()
+    # the plan trains nothing, so it is shown without a GPU (e.g. on a cluster's login node)
+    proc = run_cli(["reproduce", "table2", "--scale", "gpu", "--dry-run", "--out", str(tmp_path)],
+                   cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "28 cells" in proc.stdout and "estimated wall time" in proc.stdout
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow
