@@ -12,12 +12,12 @@
 #   make example-multi30k   a small model on Multi30k De->En on CPU, scored on test2016
 #   make clean              remove build outputs (build, dist, *.egg-info, .pytest_cache)
 #   (all but clean run make setup first if needed)
-# TORCH selects the PyTorch requirement installed first. Users keep the default (their own
-# build, e.g. a CUDA wheel, is left alone if already present); CI pins the local CPU build:
-#   make setup TORCH=torch==2.13.0
+# TORCH selects the PyTorch requirement installed first into the new .venv: by default the
+# version the tests run on (PyPI serves it with CUDA on Linux x86-64; a CPU-only machine may
+# have a local CPU build of it). Another build: make setup TORCH=torch==X.Y.Z (or a wheel's path)
 PYTHON ?= python3
 VENV ?= .venv
-TORCH ?= torch
+TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
