@@ -34,6 +34,13 @@ Decision rules (`judge`)
        paper whose "failed" does not say whether the loss blew up or plateaued): reproduced when
        every cell of A diverged or stalled; not reproduced when none did; inconclusive otherwise.
 
+    `min_bleu` ("trains" and "fails_to_train" only; optional): the lowest final BLEU (tok) at which
+       an "ok" cell counts as trained. Without it, "trained" means only "neither diverged nor
+       stalled", and the stall label's bar (best valid NLL 0.1 nats below the unigram NLL) lets a
+       model that barely passed word frequencies count as trained. With it, an "ok" cell whose
+       BLEU is below the bar, or missing, counts as not trained ("below the BLEU bar") exactly like
+       a stalled one. A preset sets it for its setting, before any cell of the claim's arm runs.
+
     "more_diverged" (A diverges in more of its cells than B; for grids where A and B each select
        many cells): cells are paired by the arm axes other than those named in either selector,
        plus the seed. wins = pairs where A diverged and B did not, losses = the reverse;
@@ -251,6 +258,7 @@ class Claim:
     over: str | None = None  # "same_best": the setting whose best value is compared (e.g. optim.lr)
     across: str | None = None  # "same_best": the axis it must transfer across (e.g. model.layers)
     added: str | None = None  # when and why, for a claim not written before every run of its arms
+    min_bleu: float | None = None  # "trains"/"fails_to_train": an "ok" cell below this BLEU is not trained
 
 
 @dataclass(frozen=True)
@@ -277,7 +285,7 @@ def _selector(d: Any, what: str) -> dict[str, str]:
 
 
 _CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better", "over", "across",
-               "added")
+               "added", "min_bleu")
 
 
 def claim_from_dict(d: Mapping) -> Claim:
@@ -300,6 +308,13 @@ def claim_from_dict(d: Mapping) -> Claim:
         raise ValueError(f"claim {d['id']!r}: kind {kind!r} needs a selector b")
     if kind == "same_best" and not (d.get("over") and d.get("across")):
         raise ValueError(f"claim {d['id']!r}: kind 'same_best' needs `over` and `across` axes")
+    min_bleu = d.get("min_bleu")
+    if min_bleu is not None:
+        if kind not in ("trains", "fails_to_train"):
+            raise ValueError(f"claim {d['id']!r}: min_bleu applies to kinds 'trains' and 'fails_to_train' only, "
+                             f"not {kind!r}")
+        if isinstance(min_bleu, bool) or not isinstance(min_bleu, (int, float)) or not 0 <= min_bleu <= 100:
+            raise ValueError(f"claim {d['id']!r}: min_bleu must be a number from 0 to 100, got {min_bleu!r}")
     higher = d.get("higher_is_better", True)
     if not isinstance(higher, bool):
         raise ValueError(f"claim {d['id']!r}: higher_is_better must be true or false, got {higher!r}")
@@ -308,7 +323,8 @@ def claim_from_dict(d: Mapping) -> Claim:
                  higher_is_better=higher,
                  over=None if d.get("over") is None else str(d["over"]),
                  across=None if d.get("across") is None else str(d["across"]),
-                 added=None if d.get("added") is None else str(d["added"]))
+                 added=None if d.get("added") is None else str(d["added"]),
+                 min_bleu=None if min_bleu is None else float(min_bleu))
 
 
 # --------------------------------------------------------------------------- judging
@@ -375,26 +391,47 @@ def _judge_diverges(claim: Claim, a: Sequence[Record]) -> Verdict:
                    {"n": n, "diverged": k})
 
 
-def _judge_trains(claim: Claim, a: Sequence[Record]) -> Verdict:
-    n = len(a)
+def _below_bleu_bar(claim: Claim, r: Record) -> bool:
+    """An "ok" cell that misses the claim's BLEU bar (or has no BLEU) when the claim sets one."""
+    if claim.min_bleu is None or r.status != "ok":
+        return False
+    bleu = r.metrics.get("bleu")
+    return bleu is None or not math.isfinite(bleu) or bleu < claim.min_bleu
+
+
+def _untrained_counts(claim: Claim, a: Sequence[Record]) -> tuple[int, int, int, str]:
+    """(diverged, stalled, below the BLEU bar, the words for them) over the cells of A."""
     diverged = sum(r.status == "diverged" for r in a)
     stalled = sum(r.status == "stalled" for r in a)
-    bad = diverged + stalled
+    low = sum(_below_bleu_bar(claim, r) for r in a)
+    words = f"{diverged} diverged, {stalled} stalled"
+    if claim.min_bleu is not None:
+        words += f", {low} below {claim.min_bleu:g} BLEU"
+    return diverged, stalled, low, words
+
+
+def _judge_trains(claim: Claim, a: Sequence[Record]) -> Verdict:
+    n = len(a)
+    diverged, stalled, low, words = _untrained_counts(claim, a)
+    bad = diverged + stalled + low
     verdict = "reproduced" if bad == 0 else "not reproduced" if bad == n else "inconclusive"
-    measured = (f"{n - bad} of {n} {_unit(a)} trained ({_label(claim.a)}; "
-                f"{diverged} diverged, {stalled} stalled)")
-    return Verdict(claim, verdict, measured, {"n": n, "trained": n - bad, "diverged": diverged, "stalled": stalled})
+    measured = f"{n - bad} of {n} {_unit(a)} trained ({_label(claim.a)}; {words})"
+    details = {"n": n, "trained": n - bad, "diverged": diverged, "stalled": stalled}
+    if claim.min_bleu is not None:
+        details["below_bleu_bar"] = low
+    return Verdict(claim, verdict, measured, details)
 
 
 def _judge_fails_to_train(claim: Claim, a: Sequence[Record]) -> Verdict:
     n = len(a)
-    diverged = sum(r.status == "diverged" for r in a)
-    stalled = sum(r.status == "stalled" for r in a)
-    bad = diverged + stalled
+    diverged, stalled, low, words = _untrained_counts(claim, a)
+    bad = diverged + stalled + low
     verdict = "reproduced" if bad == n else "not reproduced" if bad == 0 else "inconclusive"
-    measured = (f"{bad} of {n} {_unit(a)} failed to train ({_label(claim.a)}; "
-                f"{diverged} diverged, {stalled} stalled)")
-    return Verdict(claim, verdict, measured, {"n": n, "failed": bad, "diverged": diverged, "stalled": stalled})
+    measured = f"{bad} of {n} {_unit(a)} failed to train ({_label(claim.a)}; {words})"
+    details = {"n": n, "failed": bad, "diverged": diverged, "stalled": stalled}
+    if claim.min_bleu is not None:
+        details["below_bleu_bar"] = low
+    return Verdict(claim, verdict, measured, details)
 
 
 def _judge_more_diverged(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Verdict:

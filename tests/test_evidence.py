@@ -194,6 +194,54 @@ def test_judge_fails_to_train(statuses, verdict):
         assert f"{bad} of {n} seeds failed to train" in v.measured
 
 
+# The schemes-scaling sigma-reparam Post-LN arm: seeds 2 and 3 got past the stall bar (best NLL
+# 0.31 nats below unigram) but decoded 2.21 and 0.0 BLEU; seed 1 stalled.
+SIGMA_BLEU = [None, 2.21, 0.0]
+
+
+def test_trains_without_a_bleu_bar_counts_near_unigram_cells_as_trained():
+    claim = claim_from_dict({"id": "t", "text": "trains", "kind": "trains", "a": POSTLN})
+    v = judge(claim, _recs(POSTLN, ["stalled", "ok", "ok"], SIGMA_BLEU))
+    assert claim.min_bleu is None and v.verdict == "inconclusive"
+    assert v.details["trained"] == 2 and "below_bleu_bar" not in v.details
+
+
+@pytest.mark.parametrize("statuses, bleu, verdict, low", [
+    (["stalled", "ok", "ok"], SIGMA_BLEU, "not reproduced", 2),
+    (["ok", "ok", "ok"], [10.0, 25.3, 33.1], "reproduced", 0),  # the bar itself passes
+    (["ok", "ok", "diverged"], [9.99, 25.3, None], "inconclusive", 1),
+    (["ok", "ok"], [None, float("nan")], "not reproduced", 2),  # an ok cell without a BLEU is not evidence of training
+])
+def test_trains_with_a_bleu_bar(statuses, bleu, verdict, low):
+    claim = claim_from_dict({"id": "t", "text": "trains", "kind": "trains", "a": POSTLN, "min_bleu": 10})
+    v = judge(claim, _recs(POSTLN, statuses, bleu))
+    assert claim.min_bleu == 10.0
+    assert v.verdict == verdict
+    assert v.details["below_bleu_bar"] == low
+    n_bad = low + sum(s in ("diverged", "stalled") for s in statuses)
+    assert v.details["trained"] == len(statuses) - n_bad
+    assert f"{low} below 10 BLEU" in v.measured
+
+
+def test_fails_to_train_with_a_bleu_bar_is_the_complement():
+    claim = claim_from_dict({"id": "f", "text": "fails", "kind": "fails_to_train", "a": POSTLN, "min_bleu": 5})
+    v = judge(claim, _recs(POSTLN, ["stalled", "ok", "ok"], SIGMA_BLEU))
+    assert v.verdict == "reproduced" and v.details["failed"] == 3 and v.details["below_bleu_bar"] == 2
+    v = judge(claim, _recs(POSTLN, ["ok", "ok"], [5.0, 30.0]))
+    assert v.verdict == "not reproduced" and v.details["failed"] == 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"kind": "diverges", "min_bleu": 10}, "min_bleu applies to kinds 'trains' and 'fails_to_train' only"),
+    ({"kind": "trains", "min_bleu": "ten"}, "min_bleu must be a number from 0 to 100"),
+    ({"kind": "trains", "min_bleu": 101}, "min_bleu must be a number from 0 to 100"),
+    ({"kind": "trains", "min_bleu": True}, "min_bleu must be a number from 0 to 100"),
+])
+def test_min_bleu_is_checked(extra, message):
+    with pytest.raises(ValueError, match=message):
+        claim_from_dict({"id": "c", "text": "x", "a": POSTLN, **extra})
+
+
 def _grid(method, diverged_cells, extra=()):
     """A depth x seed grid of one method; cells in `diverged_cells` ((depth, seed)) diverged."""
     out = []
