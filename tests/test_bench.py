@@ -369,9 +369,11 @@ def test_profile_rejects_comparisons_and_negative_counts(capsys):
     assert len(err) == 2 and "--profile" in err[0] and "--profile" in err[1]
 
 
-def test_sigint_during_a_bench_exits_130_with_one_line(tmp_path):
+@pytest.mark.parametrize("started_with_sigint_ignored", [False, True])
+def test_sigint_during_a_bench_exits_130_with_one_line(tmp_path, started_with_sigint_ignored):
     """Ctrl-C (or a time limit's SIGINT, as ci/gpu-session.sh sends) ends `deepinit bench` with
-    status 130 and one line, not a traceback."""
+    status 130 and one line, not a traceback; also when a shell started it with SIGINT ignored
+    (a script's `nohup deepinit ... &`)."""
     import os
     import signal
     import subprocess
@@ -380,11 +382,15 @@ def test_sigint_during_a_bench_exits_130_with_one_line(tmp_path):
 
     from tests.conftest import REPO
 
+    def ignore_sigint():  # in the child before exec: SIG_IGN survives exec, as a shell's does
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     cmd = [sys.executable, "-m", "runner.cli", "bench", "--presets", "ci", "--device", "cpu", "--threads", "1",
            "--no-decode", "--depths", "--warmup", "1", "--steps", "100000", "--windows", "1",
            "--out", str(tmp_path / "b.json"), "--work", str(tmp_path / "work")]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                            preexec_fn=ignore_sigint if started_with_sigint_ignored else None)
     try:
         seen = ""
         deadline = time.time() + 300

@@ -162,11 +162,15 @@ def test_render_survives_brackets_in_values(sweep, capsys):
 
 
 STUBBORN = """
-import subprocess, sys, time
+import signal, subprocess, sys, time
+# SIGINT's disposition is set explicitly here and in the children, so the test does not depend on
+# the one pytest inherited (a background job of a script starts with SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 # a child that ignores SIGINT (stands in for a wedged worker), and one that does not
-kids = [subprocess.Popen([sys.executable, "-c", "import signal, time; " + ignore +
+kids = [subprocess.Popen([sys.executable, "-c", "import signal, time; " + handler +
                           "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-        for ignore in ("signal.signal(signal.SIGINT, signal.SIG_IGN); ", "")]
+        for handler in ("signal.signal(signal.SIGINT, signal.SIG_IGN); ",
+                        "signal.signal(signal.SIGINT, signal.default_int_handler); ")]
 for k in kids:
     k.stdout.readline()
 print("ready", flush=True)

@@ -17,6 +17,7 @@ Verb modules are imported when their verb runs, so `deepinit eval` does not pay 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 VERBS = {
@@ -31,7 +32,17 @@ VERBS = {
 }
 
 
+def _take_back_sigint() -> None:
+    """Every stop deepinit offers arrives as SIGINT: Ctrl-C, `kill PID` (forwarded to the cells),
+    `deepinit sweep stop`, a time limit. A shell without job control (a script's `nohup deepinit ...
+    &`) starts background commands with SIGINT ignored, which their children inherit, so such a
+    run would not stop cleanly; take the signal back, as the stop it requests is always safe."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> None:
+    _take_back_sigint()
     args = list(sys.argv[1:] if argv is None else argv)
     verb = args[0] if args and args[0] in VERBS else "train"
     if args and args[0] == verb:
