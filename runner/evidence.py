@@ -399,39 +399,31 @@ def _below_bleu_bar(claim: Claim, r: Record) -> bool:
     return bleu is None or not math.isfinite(bleu) or bleu < claim.min_bleu
 
 
-def _untrained_counts(claim: Claim, a: Sequence[Record]) -> tuple[int, int, int, str]:
-    """(diverged, stalled, below the BLEU bar, the words for them) over the cells of A."""
-    diverged = sum(r.status == "diverged" for r in a)
-    stalled = sum(r.status == "stalled" for r in a)
-    low = sum(_below_bleu_bar(claim, r) for r in a)
-    words = f"{diverged} diverged, {stalled} stalled"
+def _not_trained(claim: Claim, a: Sequence[Record]) -> tuple[int, dict[str, int], str]:
+    """The cells of A that did not train: their number, the count per reason, and those in words."""
+    counts = {"diverged": sum(r.status == "diverged" for r in a),
+              "stalled": sum(r.status == "stalled" for r in a)}
+    words = f"{counts['diverged']} diverged, {counts['stalled']} stalled"
     if claim.min_bleu is not None:
-        words += f", {low} below {claim.min_bleu:g} BLEU"
-    return diverged, stalled, low, words
+        counts["below_bleu_bar"] = sum(_below_bleu_bar(claim, r) for r in a)
+        words += f", {counts['below_bleu_bar']} below {claim.min_bleu:g} BLEU"
+    return sum(counts.values()), counts, words
 
 
 def _judge_trains(claim: Claim, a: Sequence[Record]) -> Verdict:
     n = len(a)
-    diverged, stalled, low, words = _untrained_counts(claim, a)
-    bad = diverged + stalled + low
+    bad, counts, words = _not_trained(claim, a)
     verdict = "reproduced" if bad == 0 else "not reproduced" if bad == n else "inconclusive"
     measured = f"{n - bad} of {n} {_unit(a)} trained ({_label(claim.a)}; {words})"
-    details = {"n": n, "trained": n - bad, "diverged": diverged, "stalled": stalled}
-    if claim.min_bleu is not None:
-        details["below_bleu_bar"] = low
-    return Verdict(claim, verdict, measured, details)
+    return Verdict(claim, verdict, measured, {"n": n, "trained": n - bad, **counts})
 
 
 def _judge_fails_to_train(claim: Claim, a: Sequence[Record]) -> Verdict:
     n = len(a)
-    diverged, stalled, low, words = _untrained_counts(claim, a)
-    bad = diverged + stalled + low
+    bad, counts, words = _not_trained(claim, a)
     verdict = "reproduced" if bad == n else "not reproduced" if bad == 0 else "inconclusive"
     measured = f"{bad} of {n} {_unit(a)} failed to train ({_label(claim.a)}; {words})"
-    details = {"n": n, "failed": bad, "diverged": diverged, "stalled": stalled}
-    if claim.min_bleu is not None:
-        details["below_bleu_bar"] = low
-    return Verdict(claim, verdict, measured, details)
+    return Verdict(claim, verdict, measured, {"n": n, "failed": bad, **counts})
 
 
 def _judge_more_diverged(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Verdict:
