@@ -33,8 +33,8 @@ VERBS = {
 
 
 def _take_back_sigint() -> None:
-    """Every stop deepinit offers arrives as SIGINT: Ctrl-C, `kill PID` (forwarded to the cells),
-    `deepinit sweep stop`, a time limit. A shell without job control (a script's `nohup deepinit ...
+    """deepinit's stops arrive as SIGINT: Ctrl-C, and `kill PID`, which a sweep or suite forwards
+    to its cells as SIGINT. A shell without job control (a script's `nohup deepinit ...
     &`) starts background commands with SIGINT ignored, which their children inherit, so such a
     run would not stop cleanly; take the signal back, as the stop it requests is always safe."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
