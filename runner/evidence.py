@@ -65,10 +65,13 @@ Decision rules (`judge`)
     "same_best" (a setting tuned at one value of `across` is best at every other; e.g. the
        learning rate over depths for depth-muP): among A's "ok" cells, the mean metric over seeds
        per (`across`, `over`) value; the best `over` value per `across` value (a setting with no
-       ok seed cannot be best). Reproduced when every `across` value has the same best setting;
-       inconclusive when they differ by one step of the `over` grid (numeric order); not
-       reproduced when they differ by more. Fewer than two `across` values with a best:
-       inconclusive.
+       ok seed cannot be best). Reproduced when every `across` value has the same best setting
+       and it is inside the grid; inconclusive when that shared best is the grid's first or last
+       value (the optimum is not bracketed: beyond the grid the bests may part), or when they
+       differ by one step of the `over` grid (numeric order); not reproduced when they differ by
+       more (a best at an edge can only move outward on a wider grid, so the distance between
+       bests that differ is a lower bound). A setting whose cells all failed still counts as a
+       grid point. Fewer than two `across` values with a best: inconclusive.
 
 A claim may carry `added`: when and why it was written if not before every run of its arms (e.g. a
 second reading of a paper's "failed" after a first seed showed a plateau rather than a blow-up).
@@ -521,8 +524,12 @@ def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
         return Verdict(claim, "inconclusive", measured, details)
     positions = [grid.index(v) for v in best.values()]
     spread = max(positions) - min(positions)
-    verdict = "reproduced" if spread == 0 else "inconclusive" if spread == 1 else "not reproduced"
-    return Verdict(claim, verdict, measured, {**details, "spread_steps": spread})
+    at_edge = spread == 0 and positions[0] in (0, len(grid) - 1)
+    if at_edge:
+        measured += "; the shared best is at the edge of the grid, so the optimum is not bracketed"
+    verdict = ("inconclusive" if at_edge or spread == 1 else "reproduced" if spread == 0
+               else "not reproduced")
+    return Verdict(claim, verdict, measured, {**details, "spread_steps": spread, "at_edge": at_edge})
 
 
 def judge(claim: Claim, records: Sequence[Record]) -> Verdict:

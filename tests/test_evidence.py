@@ -432,6 +432,25 @@ def test_same_best_one_step_apart_is_inconclusive_and_two_steps_not_reproduced()
     assert judge(claim_from_dict(SAME_BEST), records("1e-2")).verdict == "not reproduced"
 
 
+def test_same_best_at_the_edge_of_the_grid_is_inconclusive():
+    grid = ["1e-3", "3e-3", "1e-2"]
+    def records(best):  # the same best at both depths
+        return [_lr_record(d, lr, 1, 1.0 if lr == best else 2.0) for d in ("6", "12") for lr in grid]
+    for edge in ("1e-3", "1e-2"):
+        verdict = judge(claim_from_dict(SAME_BEST), records(edge))
+        assert verdict.details["at_edge"] and verdict.verdict == "inconclusive"
+        assert "not bracketed" in verdict.measured
+    assert judge(claim_from_dict(SAME_BEST), records("3e-3")).verdict == "reproduced"
+    # A failed top setting still bounds the grid: 3e-3 best at both depths is inside it.
+    capped = [r for r in records("3e-3") if r.arm["optim.lr"] != "1e-2"]
+    capped += [_lr_record(d, "1e-2", 1, float("nan"), "diverged") for d in ("6", "12")]
+    assert judge(claim_from_dict(SAME_BEST), capped).verdict == "reproduced"
+    # Bests at opposite edges are as far apart as the grid allows: not reproduced.
+    apart = [_lr_record("6", lr, 1, 1.0 if lr == "1e-3" else 2.0) for lr in grid]
+    apart += [_lr_record("12", lr, 1, 1.0 if lr == "1e-2" else 2.0) for lr in grid]
+    assert judge(claim_from_dict(SAME_BEST), apart).verdict == "not reproduced"
+
+
 def test_same_best_ignores_failed_settings_and_needs_over_and_across():
     records = [_lr_record("6", "1e-3", 1, 2.0), _lr_record("6", "1e-2", 1, 1.0, "diverged"),
                _lr_record("12", "1e-3", 1, 2.0), _lr_record("12", "1e-2", 1, 1.5)]

@@ -437,7 +437,7 @@ def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch,
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
     assert reproduce_main(["all", "--scale", "real", "--dry-run", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
-    assert "11 suites" in out and "284 cells, 2 at a time" in out  # no records in this results folder
+    assert "11 suites" in out and "292 cells, 2 at a time" in out  # no records in this results folder
     assert out.index("table2") < out.index("tfixup-depth") < out.index("mup-transfer")
     assert reproduce_main(["all", "--dry-run", "model.layers=6"]) == 2
     assert reproduce_main(["all", "--scale", "cpu", "--dry-run"]) == 2
@@ -449,7 +449,7 @@ def test_all_with_suites_plans_only_those_suites_in_the_order_given(tmp_path, mo
     assert reproduce_main(["all", "--suites", "mup-transfer", "schemes-norms", "mup-transfer",
                            "--dry-run", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
-    assert "2 suites" in out and "53 cells, 2 at a time" in out  # 32 + 21, mup-transfer once
+    assert "2 suites" in out and "61 cells, 2 at a time" in out  # 40 + 21, mup-transfer once
     assert out.index("mup-transfer") < out.index("schemes-norms") and "table2" not in out
     assert reproduce_main(["table2", "--suites", "grid", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
