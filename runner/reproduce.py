@@ -820,8 +820,12 @@ def run_real(target: Target, args, tier: str = "real") -> int:
               f"(~{minutes:.0f} min per cell {where})")
     if args.dry_run:
         return 0
-    crashed = 0 if args.table_only else suite.run_cells(cells, work, records, parallel)
-    path = suite.write_report(target.name, target.title, part.preset, cells, tier)
+    def report(_group: str = "") -> Path:
+        return suite.write_report(target.name, target.title, part.preset, cells, tier)
+
+    # the report follows the records cell by cell, so an interrupted suite leaves both in step
+    crashed = 0 if args.table_only else suite.run_cells(cells, work, records, parallel, report)
+    path = report()
     print()
     print(path.read_text())
     print(f"wrote {path} and {records.path}")
@@ -841,7 +845,8 @@ REAL_SUITE_ORDER = ("table2", "tfixup-depth", "schemes-norms", "schemes-scaling"
 def run_all_real(args) -> int:
     """Every real-tier suite's cells without a record (or those of `--suites`, in that order),
     `--parallel` at a time in one pool (a core freed at the end of one suite starts the next
-    suite's first cell); each suite's report is written as soon as its last cell has finished."""
+    suite's first cell); a suite's report is rewritten after each of its cells, so the records
+    and the report stay in step when the pool is stopped."""
     if args.overrides:
         print("deepinit reproduce all: overrides change one target's cells; run that target by itself",
               file=sys.stderr)
@@ -862,14 +867,13 @@ def run_all_real(args) -> int:
     if args.dry_run:
         return 0
 
-    def report(name: str) -> None:
+    def report(name: str) -> Path:
         real = plans[name]
-        path = suite.write_report(name, real.target.title, real.part.preset, real.cells)
-        print(f"{name}: report written to {path}")
+        return suite.write_report(name, real.target.title, real.part.preset, real.cells)
 
     crashed = 0 if args.table_only else suite.run_jobs(jobs, parallel, report)
     for name in plans:  # every report, finished or not, from the records as they are now
-        report(name)
+        print(f"{name}: report written to {report(name)}")
     if crashed:
         print(f"{crashed} cell(s) failed: their .out files under {args.out.resolve()} say why", file=sys.stderr)
     return 1 if crashed else 0

@@ -109,20 +109,22 @@ def seed_major(cells: Sequence[SuiteCell]) -> list[SuiteCell]:
     return sorted((c for c in cells if c.record is None), key=lambda c: c.seed)
 
 
-def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int) -> int:
+def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int,
+              on_cell_done: Optional[Callable[[str], None]] = None) -> int:
     """Train the cells without a record, `parallel` at a time, one thread each; write each
     finished cell's record at once. Returns the number of cells that crashed."""
-    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel)
+    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel, on_cell_done)
 
 
 def run_jobs(jobs: Sequence[Job], parallel: int,
-             on_group_done: Optional[Callable[[str], None]] = None) -> int:
+             on_cell_done: Optional[Callable[[str], None]] = None) -> int:
     """Train the jobs in order, `parallel` at a time, one thread each, writing each finished
     cell's record at once; a slot that frees takes the next job whatever its suite, so no core
-    idles between suites. `on_group_done(group)` runs when a group's last job has finished.
+    idles between suites. `on_cell_done(group)` runs after each job of the group has ended
+    (recorded or crashed), so a suite's report can follow its records cell by cell.
     Ctrl-C or SIGTERM stops the running cells (`stop_cells`) before it propagates. Returns the
     number of cells that crashed."""
-    pool = _Pool(jobs, parallel, on_group_done)
+    pool = _Pool(jobs, parallel, on_cell_done)
     columns = (TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[now]}"))
     with Progress(*columns, console=console) as progress:
@@ -156,18 +158,14 @@ def stop_cells(procs: Sequence[subprocess.Popen], grace_s: float = 60.0,
 
 
 class _Pool:
-    """run_jobs' state: the queue, the running cells (job, process, log file) and each group's
-    count of unfinished jobs."""
+    """run_jobs' state: the queue and the running cells (job, process, log file)."""
 
     def __init__(self, jobs: Sequence[Job], parallel: int,
-                 on_group_done: Optional[Callable[[str], None]]):
+                 on_cell_done: Optional[Callable[[str], None]]):
         self.queue = list(jobs)
         self.parallel = parallel
-        self.on_group_done = on_group_done
+        self.on_cell_done = on_cell_done
         self.running: list[tuple[Job, subprocess.Popen, object]] = []
-        self.left: dict[str, int] = {}
-        for job in jobs:
-            self.left[job.group] = self.left.get(job.group, 0) + 1
         self.env = _cell_env()
 
     def _now(self) -> str:
@@ -213,9 +211,8 @@ class _Pool:
                 self.running.remove(item)
                 log.close()
                 crashed += not self._finish(job, proc)
-                self.left[job.group] -= 1
-                if self.left[job.group] == 0 and self.on_group_done is not None:
-                    self.on_group_done(job.group)
+                if self.on_cell_done is not None:
+                    self.on_cell_done(job.group)
                 progress.advance(task)
                 progress.update(task, now=self._now())
         return crashed

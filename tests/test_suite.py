@@ -199,7 +199,7 @@ def test_gpu_session_bench_step_times_presets_and_depth_apart_and_bundles_its_fi
 
 
 @pytest.mark.slow
-def test_one_pool_trains_several_suites_and_reports_each_when_done(tmp_path):
+def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
     from runner.records import Records
 
     cells = suite.plan("reproduce_table2_real", SHRINK)
@@ -208,8 +208,8 @@ def test_one_pool_trains_several_suites_and_reports_each_when_done(tmp_path):
     jobs = [suite.Job(c, tmp_path / "work-a", a, "a") for c in first] + \
         [suite.Job(c, tmp_path / "work-b", b, "b") for c in second]
     done = []
-    assert suite.run_jobs(jobs, parallel=2, on_group_done=done.append) == 0
-    assert sorted(done) == ["a", "b"]  # each group reported once, when its last cell ended
+    assert suite.run_jobs(jobs, parallel=2, on_cell_done=done.append) == 0
+    assert sorted(done) == ["a", "a", "b"]  # each suite's report follows each of its cells
     assert len(Records.load(tmp_path / "a").by_key) == 2 and len(Records.load(tmp_path / "b").by_key) == 1
     assert all(c.record is not None and c.record["status"] in ("ok", "stalled") for c in first + second)
     assert (tmp_path / "work-b" / second[0].name / "result.json").is_file()
