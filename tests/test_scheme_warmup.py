@@ -27,3 +27,25 @@ def test_a_preset_value_counts_as_explicit():
     cfg = compose(["init=tfixup", "norm=none"])
     cfg.warmup.updates = 4000  # what a sweep preset writing warmup.updates: 4000 composes to
     assert scheme_warmup(cfg, {"warmup": "default"}, []) is None and cfg.warmup.updates == 4000
+
+
+@pytest.mark.parametrize("args, note", [
+    (["--cfg", "job", "method=tfixup"], True),
+    (["-c", "all", "init=tfixup", "norm=none"], True),
+    (["--cfg", "job", "init=tfixup", "norm=none", "warmup.updates=300"], False),
+    (["--cfg", "job", "init=tfixup", "norm=none", "--package", "warmup"], False),
+    (["--cfg", "job", "norm=pre"], False),
+])
+def test_cfg_print_says_what_the_run_changes(args, note):
+    """`--cfg job` prints the config before the run drops T-Fixup's warmup; a trailing YAML
+    comment says that it will."""
+    import yaml
+
+    from runner.cli.train import cfg_print_note, split_args
+
+    flags, overrides = split_args(args)
+    line = cfg_print_note(flags, overrides)
+    assert (line is not None) == note
+    if note:
+        assert line.startswith("# when the run starts: init=tfixup trains without warmup: warmup.updates=0")
+        assert yaml.safe_load("a: 1\n" + line) == {"a": 1}  # a comment: the printed YAML stays valid

@@ -22,6 +22,9 @@ from typing import Optional, Sequence
 
 import hydra
 import submitit
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
@@ -84,6 +87,26 @@ def scheme_warmup(cfg: Config, choices, task_overrides: Sequence[str]) -> Option
     cfg.warmup.updates = wanted
     return (f"init={cfg.init.name} trains without warmup: warmup.updates={wanted} (set "
             "warmup.updates=N to use one)")
+
+
+def cfg_print_note(flags: list[str], overrides: list[str]) -> Optional[str]:
+    """`--cfg job|all` prints the config as composed, before run_task's scheme_warmup: a trailing
+    YAML comment says what the run would change (None when nothing, or for `-m` and `--package`,
+    whose output is not one run's whole config)."""
+    values = dict(zip(flags, flags[1:] + [""]))
+    shown = values.get("--cfg", values.get("-c"))
+    if shown not in ("job", "all") or {"-m", "--multirun", "--package", "-p"} & set(flags):
+        return None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
+        choices, task = dict(cfg.hydra.runtime.choices), list(cfg.hydra.overrides.task)
+        del cfg.hydra
+        note = scheme_warmup(OmegaConf.to_object(cfg), choices, task)
+    except Exception:  # Hydra has printed the config; a note that cannot be worked out is left off
+        return None
+    return f"# when the run starts: {note}" if note else None
 
 
 def run_task(cfg: DictConfig) -> None:
@@ -215,4 +238,6 @@ def main(args: list[str]) -> int:
         if exit_.code == 1 and not _task_started:
             raise SystemExit(2)
         raise
+    if not multirun and (note := cfg_print_note(flags, split_args(args)[1])):
+        print(note)
     return sweep_summary(sweep_dir, started) if multirun else 0
