@@ -212,7 +212,11 @@ class _Pool:
                 log.close()
                 crashed += not self._finish(job, proc)
                 if self.on_cell_done is not None:
-                    self.on_cell_done(job.group)
+                    try:
+                        self.on_cell_done(job.group)
+                    except Exception as err:  # the record is saved; a report must not stop the pool
+                        console.print(f"[yellow]warning[/] {job.group}: report not written: "
+                                      f"{type(err).__name__}: {err}")
                 progress.advance(task)
                 progress.update(task, now=self._now())
         return crashed
@@ -371,7 +375,7 @@ def plot_curves(cells: Sequence[SuiteCell], path: Path) -> Optional[Path]:
     ax.set_ylabel("validation loss (label-smoothed, nats/token)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _replace(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return path
 
@@ -461,16 +465,25 @@ def plot_grid(preset: str, cells: Sequence[SuiteCell], path: Path) -> Optional[P
         ax.set_ylabel(y)
         ax.set_title(name, fontsize=9)
     fig.colorbar(image, ax=list(axes[0]), label="best valid loss (mean of ok seeds)")
-    fig.savefig(path, dpi=110)
+    _replace(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return path
+
+
+def _replace(path: Path, write: Callable[[Path], object]) -> None:
+    """Write a file through a temporary one and os.replace, so that a stop mid-write leaves the
+    old file whole (reports are rewritten after every cell)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
 
 
 def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],
                  tier: str = "real") -> Path:
     out = results_dir(target, tier)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(render(target, title, preset, cells, tier))
+    text = render(target, title, preset, cells, tier)
+    _replace(out / "report.md", lambda tmp: tmp.write_text(text))
     plot_curves(cells, out / "curves.png")
     plot_grid(preset, cells, out / "heatmap.png")
     return out / "report.md"

@@ -32,20 +32,38 @@ def test_a_preset_value_counts_as_explicit():
 @pytest.mark.parametrize("args, note", [
     (["--cfg", "job", "method=tfixup"], True),
     (["-c", "all", "init=tfixup", "norm=none"], True),
+    (["--cfg=job", "init=tfixup", "norm=none"], True),
+    (["-cjob", "init=tfixup", "norm=none"], True),
     (["--cfg", "job", "init=tfixup", "norm=none", "warmup.updates=300"], False),
     (["--cfg", "job", "init=tfixup", "norm=none", "--package", "warmup"], False),
+    (["--cfg", "job", "init=tfixup", "norm=none", "--package=warmup"], False),
+    (["--cfg", "hydra", "init=tfixup", "norm=none"], False),
     (["--cfg", "job", "norm=pre"], False),
+    (["init=tfixup", "norm=none"], False),
 ])
 def test_cfg_print_says_what_the_run_changes(args, note):
     """`--cfg job` prints the config before the run drops T-Fixup's warmup; a trailing YAML
     comment says that it will."""
     import yaml
 
-    from runner.cli.train import cfg_print_note, split_args
+    from runner.cli.train import cfg_print_note
 
-    flags, overrides = split_args(args)
-    line = cfg_print_note(flags, overrides)
+    line = cfg_print_note(args)
     assert (line is not None) == note
     if note:
         assert line.startswith("# when the run starts: init=tfixup trains without warmup: warmup.updates=0")
         assert yaml.safe_load("a: 1\n" + line) == {"a": 1}  # a comment: the printed YAML stays valid
+
+
+@pytest.mark.slow
+def test_cfg_job_ends_with_the_note_and_a_bad_override_prints_none():
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "runner.cli", "train", "--cfg", "job"]
+    ok = subprocess.run(run + ["method=tfixup"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.rstrip().splitlines()[-1].startswith("# when the run starts: init=tfixup")
+    bad = subprocess.run(run + ["method=tfixup", "model.no_such_key=1"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "when the run starts" not in bad.stdout + bad.stderr

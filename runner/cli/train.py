@@ -24,6 +24,7 @@ import hydra
 import submitit
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra._internal.utils import get_args_parser  # the parser hydra.main uses
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -89,18 +90,21 @@ def scheme_warmup(cfg: Config, choices, task_overrides: Sequence[str]) -> Option
             "warmup.updates=N to use one)")
 
 
-def cfg_print_note(flags: list[str], overrides: list[str]) -> Optional[str]:
+def cfg_print_note(args: list[str]) -> Optional[str]:
     """`--cfg job|all` prints the config as composed, before run_task's scheme_warmup: a trailing
-    YAML comment says what the run would change (None when nothing, or for `-m` and `--package`,
-    whose output is not one run's whole config)."""
-    values = dict(zip(flags, flags[1:] + [""]))
-    shown = values.get("--cfg", values.get("-c"))
-    if shown not in ("job", "all") or {"-m", "--multirun", "--package", "-p"} & set(flags):
+    YAML comment says what the run would change (None when nothing, or for `-m`, `--package` and
+    another config name or folder, whose output is not the whole config of this app's run)."""
+    try:  # Hydra's own parser, so every spelling it accepts (--cfg=job, -cjob) reads the same
+        ns = get_args_parser().parse_args(args)
+    except SystemExit:
+        return None
+    if (ns.cfg not in ("job", "all") or ns.multirun or ns.package is not None
+            or ns.config_name or ns.config_dir or ns.config_path):
         return None
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            cfg = hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
+            cfg = hydra_compose(config_name="train", overrides=ns.overrides, return_hydra_config=True)
         choices, task = dict(cfg.hydra.runtime.choices), list(cfg.hydra.overrides.task)
         del cfg.hydra
         note = scheme_warmup(OmegaConf.to_object(cfg), choices, task)
@@ -238,6 +242,6 @@ def main(args: list[str]) -> int:
         if exit_.code == 1 and not _task_started:
             raise SystemExit(2)
         raise
-    if not multirun and (note := cfg_print_note(flags, split_args(args)[1])):
+    if not multirun and (note := cfg_print_note(args)):
         print(note)
     return sweep_summary(sweep_dir, started) if multirun else 0
