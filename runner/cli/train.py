@@ -24,7 +24,6 @@ import hydra
 import submitit
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
-from hydra._internal.utils import get_args_parser  # the parser hydra.main uses
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -94,9 +93,12 @@ def cfg_print_note(args: list[str]) -> Optional[str]:
     """`--cfg job|all` prints the config as composed, before run_task's scheme_warmup: a trailing
     YAML comment says what the run would change (None when nothing, or for `-m`, `--package` and
     another config name or folder, whose output is not the whole config of this app's run)."""
-    try:  # Hydra's own parser, so every spelling it accepts (--cfg=job, -cjob) reads the same
+    try:  # Hydra's own parser (private: a release that moves it only loses this note), so every
+        # spelling it accepts (--cfg=job, -cjob) reads the same
+        from hydra._internal.utils import get_args_parser  # noqa: PLC0415 (private: see above)
+
         ns = get_args_parser().parse_args(args)
-    except SystemExit:
+    except (ImportError, SystemExit):
         return None
     if (ns.cfg not in ("job", "all") or ns.multirun or ns.package is not None
             or ns.config_name or ns.config_dir or ns.config_path):
