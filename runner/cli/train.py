@@ -103,6 +103,7 @@ def cfg_print_note(args: list[str]) -> Optional[str]:
     if (ns.cfg not in ("job", "all") or ns.multirun or ns.package is not None
             or ns.config_name or ns.config_dir or ns.config_path):
         return None
+    register_schemas()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
