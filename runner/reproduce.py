@@ -820,6 +820,7 @@ def run_real(target: Target, args, tier: str = "real") -> int:
               f"(~{minutes:.0f} min per cell {where})")
     if args.dry_run:
         return 0
+
     def report(_group: str = "") -> Path:
         return suite.write_report(target.name, target.title, part.preset, cells, tier)
 

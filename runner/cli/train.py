@@ -22,14 +22,11 @@ from typing import Optional, Sequence
 
 import hydra
 import submitit
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from runner.cli.compose import register_schemas
+from runner.cli.compose import compose_run, register_schemas
 from runner.config import Config, ConfigError
 from runner.config.paths import config_dir
 from runner.data.corpus import CorpusError
@@ -103,15 +100,9 @@ def cfg_print_note(args: list[str]) -> Optional[str]:
     if (ns.cfg not in ("job", "all") or ns.multirun or ns.package is not None
             or ns.config_name or ns.config_dir or ns.config_path):
         return None
-    register_schemas()
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            cfg = hydra_compose(config_name="train", overrides=ns.overrides, return_hydra_config=True)
-        choices, task = dict(cfg.hydra.runtime.choices), list(cfg.hydra.overrides.task)
-        del cfg.hydra
-        note = scheme_warmup(OmegaConf.to_object(cfg), choices, task)
-    except Exception:  # Hydra has printed the config; a note that cannot be worked out is left off
+        note = scheme_warmup(*compose_run(ns.overrides))
+    except ConfigError:  # Hydra has printed the config; a note that cannot be worked out is left off
         return None
     return f"# when the run starts: {note}" if note else None
 
