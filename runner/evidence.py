@@ -44,15 +44,16 @@ Decision rules (`judge`)
     "more_diverged" (A diverges in more of its cells than B; for grids where A and B each select
        many cells): cells are paired by the arm axes other than those named in either selector,
        plus the seed. wins = pairs where A diverged and B did not, losses = the reverse;
-       p = sign_test(wins, losses). Reproduced when wins > losses and p < 0.05; not reproduced when
+       p = sign_test(wins, losses), two-sided. Reproduced when wins > losses and p < 0.05; not reproduced when
        wins <= losses; inconclusive otherwise. When the two arms have records but no cell pairs
        up, there is nothing to compare: inconclusive.
 
     "better" (A's metric is better than B's; direction by `higher_is_better`):
-       1. If any cell of A or B diverged or stalled ("bad"): reproduced when B has more bad cells
-          than A and A has none; not reproduced when A has more bad cells than B; otherwise go on.
-       2. Pair cells as for "more_diverged" (normally: by seed) and keep the pairs where both are
-          "ok" and both have the metric. With >= 2 pairs, the paired difference A - B (B - A when
+       1. Pair cells as for "more_diverged" (normally: by seed); a cell without a partner in the
+          other arm is not evidence either way. If any paired cell of A or B diverged or stalled
+          ("bad"): reproduced when B has more bad cells than A and A has none; not reproduced when
+          A has more bad cells than B; otherwise go on.
+       2. Keep the pairs where both cells are "ok" and both have the metric. With >= 2 pairs, the paired difference A - B (B - A when
           lower is better, so that positive always means A better) is summarized: reproduced when
           the CI's low end > 0, not reproduced when its high end < 0, inconclusive when the CI
           contains 0. With fewer than 2 pairs: inconclusive.
@@ -70,8 +71,10 @@ Decision rules (`judge`)
        value (the optimum is not bracketed: beyond the grid the bests may part), or when they
        differ by one step of the `over` grid (numeric order); not reproduced when they differ by
        more (a best at an edge can only move outward on a wider grid, so the distance between
-       bests that differ is a lower bound). A setting whose cells all failed still counts as a
-       grid point. Fewer than two `across` values with a best: inconclusive.
+       bests that differ is a lower bound). A setting whose cells all diverged or stalled still
+       counts as a grid point (crashed cells are not records). An `across` value with records but
+       no ok cell has no best: the claim is then inconclusive, and says which value it is; so is
+       one with fewer than two `across` values.
 
 A claim may carry `added`: when and why it was written if not before every run of its arms (e.g. a
 second reading of a paper's "failed" after a first seed showed a plateau rather than a blow-up).
@@ -453,19 +456,25 @@ def _judge_more_diverged(claim: Claim, a: Sequence[Record], b: Sequence[Record])
 
 
 def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Verdict:
-    a_bad = sum(r.status in ("diverged", "stalled") for r in a)
-    b_bad = sum(r.status in ("diverged", "stalled") for r in b)
+    # Bad cells are counted over the seed-matched pairs only, so that a seed one arm lacks cannot
+    # tip the verdict (with the same seeds in both arms this is every cell).
+    pairs, info = _pair(claim, a, b)
+    bad = ("diverged", "stalled")
+    a_bad = sum(ra.status in bad for ra, _ in pairs)
+    b_bad = sum(rb.status in bad for _, rb in pairs)
     la, lb = _label(claim.a), _label(claim.b or {})
-    details: dict[str, Any] = {"a_n": len(a), "a_bad": a_bad, "b_n": len(b), "b_bad": b_bad}
-    bad_line = f"diverged/stalled: {la} {a_bad} of {len(a)}, {lb} {b_bad} of {len(b)}"
+    details: dict[str, Any] = {"a_n": len(a), "a_bad": a_bad, "b_n": len(b), "b_bad": b_bad, **info}
+    bad_line = f"diverged/stalled: {la} {a_bad} of {len(pairs)}, {lb} {b_bad} of {len(pairs)}"
+    unpaired = info["unpaired_a"] + info["unpaired_b"]
+    if unpaired:
+        bad_line += (f" paired cells ({info['unpaired_a']} of {la} and {info['unpaired_b']} of {lb} "
+                     "without a partner left out)")
     if a_bad or b_bad:
         if b_bad > a_bad and a_bad == 0:
             return Verdict(claim, "reproduced", bad_line, details)
         if a_bad > b_bad:
             return Verdict(claim, "not reproduced", bad_line, details)
 
-    pairs, info = _pair(claim, a, b)
-    details.update(info)
     sign = 1.0 if claim.higher_is_better else -1.0
     diffs: list[float] = []
     for ra, rb in pairs:
@@ -520,7 +529,11 @@ def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
     measured = (f"best {claim.over} by {claim.across}: "
                 + ", ".join(f"{k} -> {v}" for k, v in best.items()) + f" ({claim.metric}, mean over ok seeds)")
     details = {"best": best, "grid": grid}
-    if len(best) < 2:
+    no_best = sorted({r.arm.get(claim.across, "") for r in a} - set(best), key=_grid_key)
+    if no_best:
+        details["no_ok_cell"] = no_best
+        measured += f"; no ok cell at {claim.across}=" + ",".join(no_best)
+    if len(best) < 2 or no_best:
         return Verdict(claim, "inconclusive", measured, details)
     positions = [grid.index(v) for v in best.values()]
     spread = max(positions) - min(positions)

@@ -98,7 +98,9 @@ def test_paired_difference_uses_only_common_seeds():
     assert s.n == 2
     assert s.mean == pytest.approx(((12 - 11) + (13 - 11)) / 2)
     assert s.std == pytest.approx(statistics.stdev([1.0, 2.0]))
-    assert 1.0 <= s.ci_low <= s.ci_high <= 2.0
+    # Two values: the resampled means are 1, 1.5, 1.5 and 2 (each 1/4), so the 2.5% and 97.5%
+    # quantiles are the two values themselves.
+    assert (s.ci_low, s.ci_high) == pytest.approx((1.0, 2.0))
     # Insertion order does not matter: seeds are paired, then taken in sorted order.
     assert paired_difference(dict(reversed(list(a.items()))), b) == s
 
@@ -384,6 +386,49 @@ def test_judge_better_divergence_branches():
     assert v.verdict == "reproduced" and v.details["paired"] == 3
 
 
+def test_judge_better_counts_bad_cells_over_seed_matched_pairs_only():
+    # B's seed 3 diverged but A has no seed 3: that cell does not make A "better". Over the two
+    # pairs A is 20 BLEU worse, so the paired CI decides: not reproduced.
+    a = _recs(ADMIN, ["ok", "ok"], [10.0, 11.0], seeds=[1, 2])
+    b = _recs(PRELN, ["ok", "ok", "diverged"], [30.0, 31.0, None], seeds=[1, 2, 3])
+    v = judge(BETTER, a + b)
+    assert (v.details["a_bad"], v.details["b_bad"], v.details["unpaired_b"]) == (0, 0, 1)
+    assert v.verdict == "not reproduced"
+    # The same diverged cell with a partner in A counts: B bad, A never, reproduced.
+    a = _recs(ADMIN, ["ok"] * 3, [10.0, 11.0, 12.0], seeds=[1, 2, 3])
+    v = judge(BETTER, a + b)
+    assert v.verdict == "reproduced" and (v.details["a_bad"], v.details["b_bad"]) == (0, 1)
+    assert v.measured == "diverged/stalled: method=admin 0 of 3, method=preln 1 of 3"
+
+
+def test_judge_better_both_bad_with_b_worse_goes_on_to_the_paired_ci():
+    # A bad in 1 seed and B in 2: neither shortcut applies (A is not clean), so the ok pairs decide.
+    a = _recs(ADMIN, ["stalled", "ok", "ok", "ok"], [None, 31.0, 32.0, 33.0])
+    b = _recs(PRELN, ["diverged", "diverged", "ok", "ok"], [None, None, 30.0, 30.5])
+    v = judge(BETTER, a + b)
+    assert (v.details["a_bad"], v.details["b_bad"]) == (1, 2)
+    assert v.details["paired"] == 2 and v.details["mean_diff"] == pytest.approx((2.0 + 2.5) / 2)
+    assert v.verdict == "reproduced"  # both pairs favour A: bootstrap CI [2.0, 2.5]
+    # An ok pair with a missing or NaN metric is not a pair.
+    a[2] = Record(arm=dict(ADMIN), seed=2, status="ok", metrics={"bleu": float("nan")})
+    assert judge(BETTER, a + b).details["paired"] == 1
+
+
+def test_judge_more_diverged_with_records_but_no_pairs_is_inconclusive():
+    # A at depths 6/12, B only at depth 24: no cell pairs up.
+    b = [Record(arm={"method": "preln", "layers": "24"}, seed=s, status="ok", metrics={}) for s in range(4)]
+    a = _grid("postln", ALL_CELLS)
+    v = judge(GRID_CLAIM, a + b)
+    # "layers" is shared by every record, so it is a pairing axis: A's (6|12, s) never meets B's (24, s).
+    assert v.details["pairs"] == 0 and v.verdict == "inconclusive"
+
+
+def test_judge_more_diverged_counts_stalled_as_not_diverged():
+    stalled = [Record(r.arm, r.seed, "stalled", {}) for r in _grid("preln", set())]
+    v = judge(GRID_CLAIM, _grid("postln", ALL_CELLS) + stalled)
+    assert (v.details["wins"], v.details["losses"]) == (8, 0) and v.verdict == "reproduced"
+
+
 def test_judge_better_not_run_when_an_arm_only_crashed():
     a = _recs(ADMIN, ["ok", "ok"], [30.0, 31.0])
     b = _recs(PRELN, ["failed", "failed"], [None, None])
@@ -459,3 +504,17 @@ def test_same_best_ignores_failed_settings_and_needs_over_and_across():
     assert verdict.verdict == "inconclusive"  # one grid step apart
     with pytest.raises(ValueError, match="needs `over` and `across`"):
         claim_from_dict({k: v for k, v in SAME_BEST.items() if k != "over"})
+
+
+def test_same_best_with_a_depth_that_never_trained_is_inconclusive_and_names_it():
+    # The best lr is 3e-3 at 6 and 12 layers, but at 24 every cell diverged: there is no best at 24,
+    # so the transfer is not shown across all depths.
+    grid = ["1e-3", "3e-3", "1e-2"]
+    records = [_lr_record(d, lr, 1, 1.0 if lr == "3e-3" else 2.0) for d in ("6", "12") for lr in grid]
+    records += [_lr_record("24", lr, 1, float("nan"), "diverged") for lr in grid]
+    verdict = judge(claim_from_dict(SAME_BEST), records)
+    assert verdict.verdict == "inconclusive"
+    assert verdict.details["no_ok_cell"] == ["24"]
+    assert "no ok cell at model.layers=24" in verdict.measured
+    # One depth only: nothing to transfer to.
+    assert judge(claim_from_dict(SAME_BEST), records[:3]).verdict == "inconclusive"
