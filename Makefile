@@ -102,8 +102,8 @@ LAUNCHER ?=
 DRY_RUN ?=
 REPRODUCE_ARGS ?=
 REPRODUCE_TARGETS := reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz \
-                     reproduce-schemes-postln reproduce-schemes-other reproduce-schemes-norms \
-                     reproduce-schemes-scaling reproduce-schemes-norms-warmup \
+                     reproduce-schemes-postln reproduce-sgd-control reproduce-schemes-other \
+                     reproduce-schemes-norms reproduce-schemes-scaling reproduce-schemes-norms-warmup \
                      reproduce-schemes-scaling-warmup reproduce-mup-transfer reproduce-all
 .PHONY: $(REPRODUCE_TARGETS)
 $(REPRODUCE_TARGETS): $(INSTALLED)

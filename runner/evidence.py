@@ -48,15 +48,20 @@ Decision rules (`judge`)
        wins <= losses; inconclusive otherwise. When the two arms have records but no cell pairs
        up, there is nothing to compare: inconclusive.
 
+    "more_failed" (A fails in more of its cells than B): "more_diverged" with a cell counted as
+       failed when it diverged or stalled, for a model size at which a setting that does not
+       train plateaus rather than blows up (the complement of "more_diverged", as
+       "fails_to_train" is of "diverges").
+
     "better" (A's metric is better than B's; direction by `higher_is_better`):
        1. Pair cells as for "more_diverged" (normally: by seed); a cell without a partner in the
           other arm is not evidence either way. If any paired cell of A or B diverged or stalled
           ("bad"): reproduced when B has more bad cells than A and A has none; not reproduced when
           A has more bad cells than B; otherwise go on.
-       2. Keep the pairs where both cells are "ok" and both have the metric. With >= 2 pairs, the paired difference A - B (B - A when
-          lower is better, so that positive always means A better) is summarized: reproduced when
-          the CI's low end > 0, not reproduced when its high end < 0, inconclusive when the CI
-          contains 0. With fewer than 2 pairs: inconclusive.
+       2. Keep the pairs where both cells are "ok" and both have the metric. With >= 2 pairs,
+          the paired difference A - B (B - A when lower is better, so that positive always means
+          A better) is summarized: reproduced when the CI's low end > 0, not reproduced when its
+          high end < 0, inconclusive when the CI contains 0. With fewer than 2 pairs: inconclusive.
        Measured: the mean difference with its CI and the number of paired seeds, and, as context
        that no verdict uses, how many pairs favour A (named by its selector) and Student's t interval of the mean
        difference. With 3 seeds the percentile bootstrap's 2.5% quantile is the smallest paired
@@ -93,7 +98,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 STATUSES = ("ok", "diverged", "stalled", "failed")
-KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "same_best")
+KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "more_failed", "same_best")
+TWO_ARM_KINDS = ("better", "more_diverged", "more_failed")
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
 
 # Fixed for every verdict: changing them after the runs would be choosing the answer.
@@ -258,7 +264,7 @@ class Claim:
     text: str  # the paper's claim in words, with its source (table/figure)
     kind: str  # one of KINDS
     a: dict[str, str]  # selector of arm A (subset match on Record.arm)
-    b: dict[str, str] | None = None  # selector of arm B ("better", "more_diverged")
+    b: dict[str, str] | None = None  # selector of arm B (TWO_ARM_KINDS)
     metric: str = "bleu"  # "better", "same_best": the metric compared
     higher_is_better: bool = True
     over: str | None = None  # "same_best": the setting whose best value is compared (e.g. optim.lr)
@@ -310,7 +316,7 @@ def claim_from_dict(d: Mapping) -> Claim:
     if kind not in KINDS:
         raise ValueError(f"claim {d['id']!r}: unknown kind {kind!r}; known: {list(KINDS)}")
     b = d.get("b")
-    if kind in ("better", "more_diverged") and b is None:
+    if kind in TWO_ARM_KINDS and b is None:
         raise ValueError(f"claim {d['id']!r}: kind {kind!r} needs a selector b")
     if kind == "same_best" and not (d.get("over") and d.get("across")):
         raise ValueError(f"claim {d['id']!r}: kind 'same_best' needs `over` and `across` axes")
@@ -432,13 +438,16 @@ def _judge_fails_to_train(claim: Claim, a: Sequence[Record]) -> Verdict:
     return Verdict(claim, verdict, measured, {"n": n, "failed": bad, **counts})
 
 
-def _judge_more_diverged(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Verdict:
+def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
+                       failed: tuple[str, ...] = ("diverged",)) -> Verdict:
+    """"more_diverged" (failed = diverged) and "more_failed" (diverged or stalled)."""
     pairs, info = _pair(claim, a, b)
-    wins = sum(ra.status == "diverged" and rb.status != "diverged" for ra, rb in pairs)
-    losses = sum(rb.status == "diverged" and ra.status != "diverged" for ra, rb in pairs)
+    wins = sum(ra.status in failed and rb.status not in failed for ra, rb in pairs)
+    losses = sum(rb.status in failed and ra.status not in failed for ra, rb in pairs)
     p = sign_test(wins, losses)
-    a_div = sum(r.status == "diverged" for r in a)
-    b_div = sum(r.status == "diverged" for r in b)
+    a_div = sum(r.status in failed for r in a)
+    b_div = sum(r.status in failed for r in b)
+    what = " or ".join(failed)
     details = {"pairs": len(pairs), "wins": wins, "losses": losses, "p": p,
                "a_diverged": a_div, "a_n": len(a), "b_diverged": b_div, "b_n": len(b), **info}
     if not pairs:
@@ -449,8 +458,8 @@ def _judge_more_diverged(claim: Claim, a: Sequence[Record], b: Sequence[Record])
         verdict = "not reproduced"
     else:
         verdict = "inconclusive"
-    measured = (f"{_label(claim.a)} diverged in {a_div} of {len(a)} cells, {_label(claim.b or {})} in "
-                f"{b_div} of {len(b)}; over {len(pairs)} paired cells only A diverged in {wins}, only B in "
+    measured = (f"{_label(claim.a)} {what} in {a_div} of {len(a)} cells, {_label(claim.b or {})} in "
+                f"{b_div} of {len(b)}; over {len(pairs)} paired cells only A {what} in {wins}, only B in "
                 f"{losses} (sign test p={p:.3g})")
     return Verdict(claim, verdict, measured, details)
 
@@ -553,7 +562,7 @@ def judge(claim: Claim, records: Sequence[Record]) -> Verdict:
         if r.status not in STATUSES:
             raise ValueError(f"record {r.arm} seed {r.seed}: unknown status {r.status!r}; known: {list(STATUSES)}")
     a = _select(records, claim.a)
-    two_arms = claim.kind in ("better", "more_diverged")
+    two_arms = claim.kind in TWO_ARM_KINDS
     if two_arms and claim.b is None:
         raise ValueError(f"claim {claim.id!r}: kind {claim.kind!r} needs a selector b")
     b = _select(records, claim.b) if two_arms and claim.b is not None else []
@@ -575,5 +584,7 @@ def judge(claim: Claim, records: Sequence[Record]) -> Verdict:
     if claim.kind == "fails_to_train":
         return _judge_fails_to_train(claim, a)
     if claim.kind == "more_diverged":
-        return _judge_more_diverged(claim, a, b)
+        return _judge_more_failed(claim, a, b)
+    if claim.kind == "more_failed":
+        return _judge_more_failed(claim, a, b, failed=("diverged", "stalled"))
     return _judge_better(claim, a, b)

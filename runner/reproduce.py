@@ -576,6 +576,9 @@ TARGETS: dict[str, Target] = {
     "schemes-postln": Target(
         "schemes-postln", "All schemes, deep, no warmup: Post-LN family and the papers' controls",
         {"real": (Part("reproduce_schemes_postln_real"),)}, None),
+    "sgd-control": Target(
+        "sgd-control", "T-Fixup Fig. 3c: Post-LN with SGD, deep, no warmup",
+        {"real": (Part("reproduce_sgd_control_real"),)}, None),
     "schemes-other": Target(
         "schemes-other", "All schemes, deep, no warmup: schemes without a Post-LN stack",
         {"real": (Part("reproduce_schemes_other_real"),)}, None),
@@ -839,7 +842,7 @@ def run_real(target: Target, args, tier: str = "real") -> int:
 # order: Table 2 first, then the T-Fixup depth scan and the tables of the methods since 2019
 # without warmup, then the other papers' tables, the grid, and the with-warmup and transfer rows.
 REAL_SUITE_ORDER = ("table2", "tfixup-depth", "schemes-norms", "schemes-scaling", "lipschitz",
-                    "schemes-postln", "schemes-other", "grid", "schemes-norms-warmup",
+                    "schemes-postln", "sgd-control", "schemes-other", "grid", "schemes-norms-warmup",
                     "schemes-scaling-warmup", "mup-transfer")
 
 

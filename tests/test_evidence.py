@@ -423,6 +423,23 @@ def test_judge_more_diverged_with_records_but_no_pairs_is_inconclusive():
     assert v.details["pairs"] == 0 and v.verdict == "inconclusive"
 
 
+def test_judge_more_failed_counts_stalled_as_failed():
+    # A stalls in every cell, B trains: more_diverged sees nothing (0 wins), more_failed 8 wins.
+    stalled_a = [Record(r.arm, r.seed, "stalled", {}) for r in _grid("postln", set())]
+    b = _grid("preln", set())
+    assert judge(GRID_CLAIM, stalled_a + b).verdict == "not reproduced"
+    failed = Claim(id="f", text="t", kind="more_failed", a={"method": "postln"}, b={"method": "preln"})
+    v = judge(failed, stalled_a + b)
+    assert v.verdict == "reproduced" and (v.details["wins"], v.details["losses"]) == (8, 0)
+    assert "diverged or stalled in 8 of 8 cells" in v.measured
+    # A cell where both failed, one by diverging and one by stalling, is a tie, not a win.
+    mixed = [Record(r.arm, r.seed, "diverged", {}) for r in _grid("preln", set())]
+    v = judge(failed, stalled_a + mixed)
+    assert (v.details["wins"], v.details["losses"]) == (0, 0) and v.verdict == "not reproduced"
+    with pytest.raises(ValueError, match="selector b"):
+        claim_from_dict({"id": "f2", "text": "t", "kind": "more_failed", "a": {"method": "postln"}})
+
+
 def test_judge_more_diverged_counts_stalled_as_not_diverged():
     stalled = [Record(r.arm, r.seed, "stalled", {}) for r in _grid("preln", set())]
     v = judge(GRID_CLAIM, _grid("postln", ALL_CELLS) + stalled)

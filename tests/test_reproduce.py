@@ -141,6 +141,50 @@ def test_every_real_tier_arm_composes_and_validates():
                 check_config(compose(cell.overrides))
 
 
+def _method_settings(method: str) -> tuple[dict[str, str], dict[str, object]]:
+    """conf/method/<method>.yaml as (group -> option of its `override /group: option` defaults,
+    dotted key -> value of its body)."""
+    raw = yaml.safe_load((REPO / "conf" / "method" / f"{method}.yaml").read_text()) or {}
+    groups = {}
+    for entry in raw.pop("defaults", []):
+        (key, option), = entry.items()
+        groups[key.removeprefix("override ").lstrip("/")] = str(option)
+
+    def flat(node, prefix=""):
+        for k, v in node.items():
+            yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+    return groups, dict(flat(raw))
+
+
+def test_every_suite_arm_trains_the_method_it_names():
+    """A preset's own defaults and values are merged after the method's: a preset that overrides a
+    group or key that an arm's method sets would silently train another method (a preset's
+    `override /optim: adam` once turned method=post_ln_sgd into Post-LN with Adam)."""
+    from omegaconf import OmegaConf
+
+    from runner import suite
+    from runner.cli.compose import compose_run
+
+    checked = 0
+    for name, target in rp.TARGETS.items():
+        for part in (*target.parts.get("real", ()), *target.parts.get("gpu", ())):
+            seen = set()
+            for cell in suite.plan(part.preset):
+                method = cell.arm.get("method")
+                if method is None or method in seen:
+                    continue
+                seen.add(method)
+                cfg, choices, _ = compose_run(cell.overrides)
+                groups, values = _method_settings(method)
+                for group, option in groups.items():
+                    assert choices[group] == option, (part.preset, method, group, choices[group])
+                composed = OmegaConf.structured(cfg)
+                for key, value in values.items():
+                    assert OmegaConf.select(composed, key) == value, (part.preset, method, key)
+                checked += 1
+    assert checked > 40  # every method arm of every suite, not a selection that matched nothing
+
+
 # ----------------------------------------------------------------------------- presets
 @pytest.mark.parametrize("preset,axes,expect", [
     ("reproduce_table2_cpu", {"method": "post_ln", "model.layers": "18"},
@@ -437,7 +481,7 @@ def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch,
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
     assert reproduce_main(["all", "--scale", "real", "--dry-run", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
-    assert "11 suites" in out and "292 cells, 2 at a time" in out  # no records in this results folder
+    assert "12 suites" in out and "292 cells, 2 at a time" in out  # no records in this results folder
     assert out.index("table2") < out.index("tfixup-depth") < out.index("mup-transfer")
     assert reproduce_main(["all", "--dry-run", "model.layers=6"]) == 2
     assert reproduce_main(["all", "--scale", "cpu", "--dry-run"]) == 2
