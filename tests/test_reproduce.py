@@ -144,7 +144,9 @@ def test_every_real_tier_arm_composes_and_validates():
 def _method_settings(method: str) -> tuple[dict[str, str], dict[str, object]]:
     """conf/method/<method>.yaml as (group -> option of its `override /group: option` defaults,
     dotted key -> value of its body)."""
-    raw = yaml.safe_load((REPO / "conf" / "method" / f"{method}.yaml").read_text()) or {}
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "method" / f"{method}.yaml"))
     groups = {}
     for entry in raw.pop("defaults", []):
         (key, option), = entry.items()
@@ -165,6 +167,10 @@ def test_every_suite_arm_trains_the_method_it_names():
     from runner import suite
     from runner.cli.compose import compose_run
 
+    # what the chosen groups' options say the method is: a preset that set one of these (say
+    # optim.name: adam) would change the method without changing the group choice
+    identity = ("optim.name", "optim.momentum", "norm.placement", "norm.decoder_placement", "norm.kind",
+                "norm.embedding_norm", "init.name")
     checked = 0
     for name, target in rp.TARGETS.items():
         for part in (*target.parts.get("real", ()), *target.parts.get("gpu", ())):
@@ -181,6 +187,11 @@ def test_every_suite_arm_trains_the_method_it_names():
                 composed = OmegaConf.structured(cfg)
                 for key, value in values.items():
                     assert OmegaConf.select(composed, key) == value, (part.preset, method, key)
+                alone = OmegaConf.structured(compose_run([f"method={method}"])[0])
+                for key in identity:
+                    if key.split(".")[0] in groups:
+                        assert OmegaConf.select(composed, key) == OmegaConf.select(alone, key), \
+                            (part.preset, method, key)
                 checked += 1
     assert checked > 40  # every method arm of every suite, not a selection that matched nothing
 
