@@ -302,7 +302,8 @@ def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
         claim = claim_from_dict(raw)
         verdict = judge(claim, records)
         selected = [c for c in cells
-                    if any(all(c.arm.get(k) == v for k, v in sel.items()) for sel in (claim.a, claim.b) if sel)]
+                    if any(all(c.arm.get(k) == v for k, v in sel.items())
+                           for sel in (claim.a, claim.b) if sel is not None)]  # {}: every cell
         done = sum(c.record is not None for c in selected)
         if done < len(selected):
             verdict = Verdict(claim, "incomplete",

@@ -30,6 +30,23 @@ def test_a_partial_suite_reads_incomplete():
     assert by_id["pre_ln_no_warmup_trains"].verdict == "incomplete"  # 0 of 3
 
 
+def test_a_claim_on_every_cell_reads_incomplete_until_every_cell_has_a_record(monkeypatch):
+    # An empty selector picks every cell: one missing record anywhere keeps it incomplete.
+    preset = suite.load_preset("reproduce_table2_real")
+    preset = {**preset, "sweep": {**preset["sweep"], "claims": [
+        {"id": "all_train", "text": "every cell trains", "kind": "trains", "a": {}}]}}
+    monkeypatch.setattr(suite, "load_preset", lambda name: preset)
+    cells = suite.plan("reproduce_table2_real")
+    for cell in cells[1:]:
+        cell.record = {"status": "ok", "bleu": 10.0, "sacrebleu": 9.0, "best_valid_loss": 4.0}
+    verdict, = suite.verdicts("reproduce_table2_real", cells)
+    assert verdict.verdict == "incomplete"
+    assert verdict.measured.startswith(f"{len(cells) - 1} of {len(cells)} cells trained")
+    cells[0].record = dict(cells[1].record)
+    verdict, = suite.verdicts("reproduce_table2_real", cells)
+    assert verdict.verdict == "reproduced"
+
+
 def test_a_claim_added_later_is_marked_with_its_reason():
     cells = suite.plan("reproduce_table2_real")
     for cell in cells:
