@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runner.cli.train import scheme_warmup
+from runner.cli.compose import compose_run
+from runner.cli.train import method_groups_replaced, scheme_warmup
 from tests.conftest import compose
 
 
@@ -67,3 +68,19 @@ def test_cfg_job_ends_with_the_note_and_a_bad_override_prints_none():
     bad = subprocess.run(run + ["method=tfixup", "model.no_such_key=1"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "when the run starts" not in bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["method=post_ln_sgd"], None),
+    (["method=admin"], None),
+    ([], None),
+    # table2's preset picks Adam after the method: the run would be Post-LN with Adam
+    (["+sweep=reproduce_table2_real", "method=post_ln_sgd"],
+     "method=post_ln_sgd sets optim=sgd, but this run has optim=adam (a sweep preset or override, "
+     "merged after the method)"),
+    (["method=tfixup", "norm=pre", "init=admin"],
+     "method=tfixup sets norm=none, init=tfixup, but this run has norm=pre, init=admin (a sweep "
+     "preset or override, merged after the method)"),
+])
+def test_a_group_replaced_after_the_method_is_named(overrides, line):
+    assert method_groups_replaced(compose_run(overrides)[1]) == line

@@ -86,6 +86,26 @@ def scheme_warmup(cfg: Config, choices, task_overrides: Sequence[str]) -> Option
             "warmup.updates=N to use one)")
 
 
+def method_groups_replaced(choices) -> Optional[str]:
+    """`method=X` picks groups (conf/method/X.yaml's `override /group: option`), and a sweep
+    preset or a later override merged after it can pick others: then the run is not method X as
+    conf/method describes it. Returns the warning line, or None when every group is X's."""
+    method = choices.get("method")
+    path = config_dir() / "method" / f"{method}.yaml"
+    if not method or not path.is_file():
+        return None
+    replaced = []
+    for entry in OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []:
+        (key, option), = entry.items()
+        group = key.removeprefix("override ").lstrip("/")
+        if str(choices.get(group)) != str(option):
+            replaced.append((f"{group}={option}", f"{group}={choices.get(group)}"))
+    if not replaced:
+        return None
+    return (f"method={method} sets {', '.join(m for m, _ in replaced)}, but this run has "
+            f"{', '.join(r for _, r in replaced)} (a sweep preset or override, merged after the method)")
+
+
 def cfg_print_note(args: list[str]) -> Optional[str]:
     """`--cfg job|all` prints the config as composed, before run_task's scheme_warmup: a trailing
     YAML comment says what the run would change (None when nothing, or for `-m`, `--package` and
@@ -120,6 +140,9 @@ def run_task(cfg: DictConfig) -> None:
     cells.begin_attempt(run_dir)  # a rerun cell reads as running, not as its last failure
     try:
         typed = OmegaConf.to_object(cfg)
+        replaced = method_groups_replaced(hc.runtime.choices)
+        if replaced:
+            logging.getLogger("deepinit").warning(replaced)
         note = scheme_warmup(typed, hc.runtime.choices, hc.overrides.task)
         if note:
             logging.getLogger("deepinit").info(note)
