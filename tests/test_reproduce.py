@@ -146,11 +146,10 @@ def _method_settings(method: str) -> tuple[dict[str, str], dict[str, object]]:
     dotted key -> value of its body)."""
     from omegaconf import OmegaConf
 
+    from runner.cli.train import method_group_options
+
     raw = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "method" / f"{method}.yaml"))
-    groups = {}
-    for entry in raw.pop("defaults", []):
-        (key, option), = entry.items()
-        groups[key.removeprefix("override ").lstrip("/")] = str(option)
+    groups = method_group_options(raw.pop("defaults", []))
 
     def flat(node, prefix=""):
         for k, v in node.items():

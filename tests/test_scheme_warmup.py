@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runner.cli.compose import compose_run
-from runner.cli.train import method_groups_replaced, scheme_warmup
+from runner.cli.train import method_group_options, method_groups_replaced, scheme_warmup
 from tests.conftest import compose
 
 
@@ -84,3 +84,10 @@ def test_cfg_job_ends_with_the_note_and_a_bad_override_prints_none():
 ])
 def test_a_group_replaced_after_the_method_is_named(overrides, line):
     assert method_groups_replaced(compose_run(overrides)[1]) == line
+
+
+def test_method_group_options_reads_every_spelling_of_a_defaults_entry():
+    defaults = ["_self_", {"override /optim": "sgd"}, {"optional override /norm@model": "post"},
+                {"init": "xavier"}, {"a": 1, "b": 2}]
+    assert method_group_options(defaults) == {"optim": "sgd", "norm": "post", "init": "xavier"}
+    assert method_group_options(None) == {}

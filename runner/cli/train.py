@@ -86,6 +86,19 @@ def scheme_warmup(cfg: Config, choices, task_overrides: Sequence[str]) -> Option
             "warmup.updates=N to use one)")
 
 
+def method_group_options(defaults) -> dict[str, str]:
+    """The groups a config's defaults list picks, {group: option}, from its `[optional] override
+    /group[@package]: option` entries (`_self_` and other plain entries pick none)."""
+    out = {}
+    for entry in defaults or []:
+        if not isinstance(entry, dict) or len(entry) != 1:
+            continue
+        (key, option), = entry.items()
+        group = key.split()[-1].lstrip("/").split("@")[0]  # drops "optional", "override", "@pkg"
+        out[group] = str(option)
+    return out
+
+
 def method_groups_replaced(choices) -> Optional[str]:
     """`method=X` picks groups (conf/method/X.yaml's `override /group: option`), and a sweep
     preset or a later override merged after it can pick others: then the run is not method X as
@@ -94,10 +107,9 @@ def method_groups_replaced(choices) -> Optional[str]:
     path = config_dir() / "method" / f"{method}.yaml"
     if not method or not path.is_file():
         return None
+    raw = OmegaConf.to_container(OmegaConf.load(path))
     replaced = []
-    for entry in OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []:
-        (key, option), = entry.items()
-        group = key.removeprefix("override ").lstrip("/")
+    for group, option in method_group_options(raw.get("defaults") if isinstance(raw, dict) else None).items():
         if str(choices.get(group)) != str(option):
             replaced.append((f"{group}={option}", f"{group}={choices.get(group)}"))
     if not replaced:
@@ -140,7 +152,11 @@ def run_task(cfg: DictConfig) -> None:
     cells.begin_attempt(run_dir)  # a rerun cell reads as running, not as its last failure
     try:
         typed = OmegaConf.to_object(cfg)
-        replaced = method_groups_replaced(hc.runtime.choices)
+        try:  # a note for the reader: it must never be what fails a run
+            replaced = method_groups_replaced(hc.runtime.choices)
+        except Exception as exc:  # noqa: BLE001
+            replaced = None
+            logging.getLogger("deepinit.file").debug("method check skipped: %s", exc)
         if replaced:
             logging.getLogger("deepinit").warning(replaced)
         note = scheme_warmup(typed, hc.runtime.choices, hc.overrides.task)
