@@ -19,7 +19,9 @@ Statistics
 
 Decision rules (`judge`)
     Selectors: a claim's `a` and `b` select records whose arm contains every key/value of the
-    selector (subset match). A record matching both selectors is an error (ill-formed claim).
+    selector (subset match); a list value matches any of its values (e.g. `optim.lr: [0.001,
+    0.002]` keeps a claim to the part of a grid it was written for). A record matching both
+    selectors is an error (ill-formed claim).
 
     0. Records with status "failed" (a crash) are ignored: they are not evidence. If an arm then
        has no record, the verdict is "not run".
@@ -256,6 +258,9 @@ class Record:
     metrics: dict[str, float | None] = field(default_factory=dict)
 
 
+Selected = str | tuple[str, ...]  # one selector value: the arm's value, or any of several
+
+
 @dataclass(frozen=True)
 class Claim:
     """A paper's claim, pre-registered: which arms it compares, how, and on which metric."""
@@ -263,8 +268,8 @@ class Claim:
     id: str
     text: str  # the paper's claim in words, with its source (table/figure)
     kind: str  # one of KINDS
-    a: dict[str, str]  # selector of arm A (subset match on Record.arm)
-    b: dict[str, str] | None = None  # selector of arm B (TWO_ARM_KINDS)
+    a: dict[str, Selected]  # selector of arm A (subset match on Record.arm)
+    b: dict[str, Selected] | None = None  # selector of arm B (TWO_ARM_KINDS)
     metric: str = "bleu"  # "better", "same_best": the metric compared
     higher_is_better: bool = True
     over: str | None = None  # "same_best": the setting whose best value is compared (e.g. optim.lr)
@@ -290,10 +295,18 @@ def _selector_value(v: Any) -> str:
     return str(v)
 
 
-def _selector(d: Any, what: str) -> dict[str, str]:
+def _selector(d: Any, what: str) -> dict[str, Selected]:
     if not isinstance(d, Mapping):
         raise ValueError(f"claim {what} must be a mapping of axis to value, got {d!r}")
-    return {str(k): _selector_value(v) for k, v in d.items()}
+    out: dict[str, Selected] = {}
+    for k, v in d.items():
+        if isinstance(v, Sequence) and not isinstance(v, str):
+            if not v or any(isinstance(x, (Mapping, list, tuple)) for x in v):
+                raise ValueError(f"claim {what}: {k} must be a value or a non-empty list of values, got {v!r}")
+            out[str(k)] = tuple(_selector_value(x) for x in v)
+        else:
+            out[str(k)] = _selector_value(v)
+    return out
 
 
 _CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better", "over", "across",
@@ -342,17 +355,20 @@ def claim_from_dict(d: Mapping) -> Claim:
 # --------------------------------------------------------------------------- judging
 
 
-def _matches(arm: Mapping[str, str], selector: Mapping[str, str]) -> bool:
-    return all(k in arm and str(arm[k]) == v for k, v in selector.items())
+def selector_matches(arm: Mapping[str, Any], selector: Mapping[str, Selected]) -> bool:
+    """Whether an arm has every key of `selector` with its value (or one of its values, for a list)."""
+    def one(actual: str, wanted: Selected) -> bool:
+        return actual in wanted if isinstance(wanted, tuple) else actual == wanted
+    return all(k in arm and one(str(arm[k]), v) for k, v in selector.items())
 
 
-def _select(records: Sequence[Record], selector: Mapping[str, str]) -> list[Record]:
+def _select(records: Sequence[Record], selector: Mapping[str, Selected]) -> list[Record]:
     """The non-failed records whose arm matches `selector` (failed cells are not evidence)."""
-    return [r for r in records if r.status != "failed" and _matches(r.arm, selector)]
+    return [r for r in records if r.status != "failed" and selector_matches(r.arm, selector)]
 
 
-def _label(selector: Mapping[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in selector.items()) or "all"
+def _label(selector: Mapping[str, Selected]) -> str:
+    return ",".join(f"{k}={'|'.join(v) if isinstance(v, tuple) else v}" for k, v in selector.items()) or "all"
 
 
 def _fmt(x: float) -> str:
@@ -567,7 +583,7 @@ def judge(claim: Claim, records: Sequence[Record]) -> Verdict:
         raise ValueError(f"claim {claim.id!r}: kind {claim.kind!r} needs a selector b")
     b = _select(records, claim.b) if two_arms and claim.b is not None else []
     if two_arms:
-        both = [r for r in a if _matches(r.arm, claim.b or {})]
+        both = [r for r in a if selector_matches(r.arm, claim.b or {})]
         if both:
             raise ValueError(f"claim {claim.id!r}: record {both[0].arm} matches both selectors")
     arms = ((claim.a, a), (claim.b or {}, b)) if two_arms else ((claim.a, a),)

@@ -25,7 +25,7 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from runner.console import console
-from runner.evidence import Record, Summary, Verdict, claim_from_dict, judge, summarize
+from runner.evidence import Record, Summary, Verdict, claim_from_dict, judge, selector_matches, summarize
 from runner.records import Records, record_from_run, results_root
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
@@ -302,8 +302,7 @@ def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
         claim = claim_from_dict(raw)
         verdict = judge(claim, records)
         selected = [c for c in cells
-                    if any(all(c.arm.get(k) == v for k, v in sel.items())
-                           for sel in (claim.a, claim.b) if sel is not None)]  # {}: every cell
+                    if any(selector_matches(c.arm, sel) for sel in (claim.a, claim.b) if sel is not None)]  # {}: every cell
         done = sum(c.record is not None for c in selected)
         if done < len(selected):
             verdict = Verdict(claim, "incomplete",

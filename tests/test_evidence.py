@@ -535,3 +535,23 @@ def test_same_best_with_a_depth_that_never_trained_is_inconclusive_and_names_it(
     assert "no ok cell at model.layers=24" in verdict.measured
     # One depth only: nothing to transfer to.
     assert judge(claim_from_dict(SAME_BEST), records[:3]).verdict == "inconclusive"
+
+
+def test_a_list_in_a_selector_keeps_a_claim_to_its_part_of_the_grid():
+    # Written for the grid 1e-3..1e-2, where the shared best is the top value (not bracketed); the
+    # grid later gains 3e-2, which brackets it. The claim restricted to the original values keeps
+    # its verdict; the same claim over the whole grid is reproduced.
+    grid = ["1e-3", "3e-3", "1e-2", "3e-2"]
+    records = [_lr_record(d, lr, 1, 1.0 if lr == "1e-2" else 2.0) for d in ("6", "12") for lr in grid]
+    original = claim_from_dict({**SAME_BEST, "a": {"init": "depth_mup", "optim.lr": ["1e-3", "3e-3", "1e-2"]}})
+    assert original.a == {"init": "depth_mup", "optim.lr": ("1e-3", "3e-3", "1e-2")}
+    verdict = judge(original, records)
+    assert verdict.verdict == "inconclusive" and verdict.details["grid"] == ["1e-3", "3e-3", "1e-2"]
+    assert judge(claim_from_dict(SAME_BEST), records).verdict == "reproduced"
+    # Lists work in every kind and label the arm with its values.
+    trains = claim_from_dict({"id": "t", "text": "t", "kind": "trains", "a": {"optim.lr": ["1e-3", 0.5]}})
+    assert trains.a == {"optim.lr": ("1e-3", "0.5")}
+    assert judge(trains, records).measured.startswith("2 of 2 cells trained (optim.lr=1e-3|0.5;")
+    for bad in ([], [["1e-3"]], [{"x": 1}]):
+        with pytest.raises(ValueError, match="optim.lr must be a value or a non-empty list"):
+            claim_from_dict({**SAME_BEST, "a": {"optim.lr": bad}})

@@ -85,7 +85,7 @@ def test_real_tiers_fit_six_hours_and_their_claims_parse():
     """Every real-data suite is planned within 6 h of wall time on 2 cores (its preset's stated
     minutes per cell), and every claim in it is a valid rule naming arms the suite trains."""
     from runner import suite
-    from runner.evidence import claim_from_dict
+    from runner.evidence import claim_from_dict, selector_matches
 
     for name, target in rp.TARGETS.items():
         for part in target.parts.get("real", ()):
@@ -97,13 +97,15 @@ def test_real_tiers_fit_six_hours_and_their_claims_parse():
             for raw in sweep.get("claims", []):
                 claim = claim_from_dict(raw)
                 for selector in (claim.a, claim.b or {}):
-                    assert any(all(arm.get(k) == v for k, v in selector.items()) for arm in arms), \
-                        (name, claim.id, selector)
+                    assert any(selector_matches(arm, selector) for arm in arms), (name, claim.id, selector)
+                    for k, values in selector.items():  # each value of a list names a trained arm
+                        for v in values if isinstance(values, tuple) else (values,):
+                            assert any(arm.get(k) == v for arm in arms), (name, claim.id, k, v)
 
 
 def test_gpu_tiers_claims_name_arms_they_train():
     from runner import suite
-    from runner.evidence import claim_from_dict
+    from runner.evidence import claim_from_dict, selector_matches
 
     gpu = [(name, part) for name, t in rp.TARGETS.items() for part in t.parts.get("gpu", ())]
     assert sorted(name for name, _ in gpu) == ["table2", "tfixup-depth"]
@@ -114,8 +116,7 @@ def test_gpu_tiers_claims_name_arms_they_train():
         for raw in sweep["claims"]:
             claim = claim_from_dict(raw)
             for selector in (claim.a, claim.b or {}):
-                assert any(all(c.arm.get(k) == v for k, v in selector.items()) for c in cells), \
-                    (name, claim.id, selector)
+                assert any(selector_matches(c.arm, selector) for c in cells), (name, claim.id, selector)
     # the papers' sizes: 512-1024-4 at 6+6 and 18+18; the 64-128-2 model at 200+200
     table2 = {tuple(c.arm.items()) for c in suite.plan("reproduce_table2_gpu")}
     assert len(table2) == 14 and len(suite.plan("reproduce_table2_gpu")) == 28
@@ -493,7 +494,7 @@ def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch,
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
     assert reproduce_main(["all", "--scale", "real", "--dry-run", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
-    assert "12 suites" in out and "292 cells, 2 at a time" in out  # no records in this results folder
+    assert "12 suites" in out and "308 cells, 2 at a time" in out  # no records in this results folder
     assert out.index("table2") < out.index("tfixup-depth") < out.index("mup-transfer")
     assert reproduce_main(["all", "--dry-run", "model.layers=6"]) == 2
     assert reproduce_main(["all", "--scale", "cpu", "--dry-run"]) == 2
@@ -505,7 +506,7 @@ def test_all_with_suites_plans_only_those_suites_in_the_order_given(tmp_path, mo
     assert reproduce_main(["all", "--suites", "mup-transfer", "schemes-norms", "mup-transfer",
                            "--dry-run", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
-    assert "2 suites" in out and "61 cells, 2 at a time" in out  # 40 + 21, mup-transfer once
+    assert "2 suites" in out and "77 cells, 2 at a time" in out  # 56 + 21, mup-transfer once
     assert out.index("mup-transfer") < out.index("schemes-norms") and "table2" not in out
     assert reproduce_main(["table2", "--suites", "grid", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
