@@ -44,8 +44,9 @@ Decision rules (`judge`)
        a stalled one. A preset sets it for its setting, before any cell of the claim's arm runs.
 
     "more_diverged" (A diverges in more of its cells than B; for grids where A and B each select
-       many cells): cells are paired by the arm axes other than those named in either selector,
-       plus the seed. wins = pairs where A diverged and B did not, losses = the reverse;
+       many cells): cells are paired by the arm axes other than those a selector fixes to one
+       value (an axis a selector lists several values of stays a pairing axis), plus the seed.
+       wins = pairs where A diverged and B did not, losses = the reverse;
        p = sign_test(wins, losses), two-sided. Reproduced when wins > losses and p < 0.05; not reproduced when
        wins <= losses; inconclusive otherwise. When the two arms have records but no cell pairs
        up, there is nothing to compare: inconclusive.
@@ -357,8 +358,8 @@ def claim_from_dict(d: Mapping) -> Claim:
 
 def selector_matches(arm: Mapping[str, Any], selector: Mapping[str, Selected]) -> bool:
     """Whether an arm has every key of `selector` with its value (or one of its values, for a list)."""
-    def one(actual: str, wanted: Selected) -> bool:
-        return actual in wanted if isinstance(wanted, tuple) else actual == wanted
+    def one(actual: str, wanted: Selected | list[str]) -> bool:
+        return actual in wanted if isinstance(wanted, (tuple, list)) else actual == wanted
     return all(k in arm and one(str(arm[k]), v) for k, v in selector.items())
 
 
@@ -368,7 +369,8 @@ def _select(records: Sequence[Record], selector: Mapping[str, Selected]) -> list
 
 
 def _label(selector: Mapping[str, Selected]) -> str:
-    return ",".join(f"{k}={'|'.join(v) if isinstance(v, tuple) else v}" for k, v in selector.items()) or "all"
+    return ",".join(f"{k}={'|'.join(v) if isinstance(v, (tuple, list)) else v}"
+                    for k, v in selector.items()) or "all"
 
 
 def _fmt(x: float) -> str:
@@ -385,10 +387,11 @@ def _pair(claim: Claim, a_recs: Sequence[Record], b_recs: Sequence[Record]
           ) -> tuple[list[tuple[Record, Record]], dict[str, Any]]:
     """Pairs of (A cell, B cell) with the same seed and the same values on the other shared axes.
 
-    The key is the seed plus the axes every A and B record has, less those named in either selector
-    (they are what differs between the arms). Returns the pairs and the key axes / unpaired counts.
+    The key is the seed plus the axes every A and B record has, less those that either selector
+    fixes to one value (they are what differs between the arms; an axis given as a list varies
+    within an arm, so cells pair on it). Returns the pairs and the key axes / unpaired counts.
     """
-    named = set(claim.a) | set(claim.b or {})
+    named = {k for sel in (claim.a, claim.b or {}) for k, v in sel.items() if not isinstance(v, (tuple, list))}
     shared = set.intersection(*(set(r.arm) for r in [*a_recs, *b_recs])) - named
     axes = sorted(shared)
 
@@ -552,7 +555,8 @@ def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
         pick = max if claim.higher_is_better else min
         best[across] = pick(averaged, key=averaged.get)
     measured = (f"best {claim.over} by {claim.across}: "
-                + ", ".join(f"{k} -> {v}" for k, v in best.items()) + f" ({claim.metric}, mean over ok seeds)")
+                + ", ".join(f"{k} -> {v}" for k, v in best.items())
+                + f" ({claim.metric}, mean over ok seeds; grid {grid[0]} to {grid[-1]}, {len(grid)} values)")
     details = {"best": best, "grid": grid}
     no_best = sorted({r.arm.get(claim.across, "") for r in a} - set(best), key=_grid_key)
     if no_best:

@@ -555,3 +555,24 @@ def test_a_list_in_a_selector_keeps_a_claim_to_its_part_of_the_grid():
     for bad in ([], [["1e-3"]], [{"x": 1}]):
         with pytest.raises(ValueError, match="optim.lr must be a value or a non-empty list"):
             claim_from_dict({**SAME_BEST, "a": {"optim.lr": bad}})
+
+
+def test_an_axis_listed_in_a_selector_stays_a_pairing_axis():
+    # Two methods over two lrs: a claim that lists the lrs compares each lr with itself, seed by
+    # seed, exactly as the claim that leaves the lr out does; one lr fixed in A and another in B
+    # compares across them.
+    recs = [Record(arm={"method": m, "optim.lr": lr}, seed=s, status=status, metrics={})
+            for m, bad in (("post", "0.002"), ("pre", None)) for lr in ("0.001", "0.002") for s in (1, 2)
+            for status in (["diverged" if lr == bad else "ok"])]
+    whole = claim_from_dict({"id": "m", "text": "t", "kind": "more_diverged", "a": {"method": "post"},
+                             "b": {"method": "pre"}})
+    listed = claim_from_dict({**{"id": "m", "text": "t", "kind": "more_diverged"},
+                              "a": {"method": "post", "optim.lr": [0.001, 0.002]},
+                              "b": {"method": "pre", "optim.lr": [0.001, 0.002]}})
+    for claim in (whole, listed):
+        verdict = judge(claim, recs)
+        assert verdict.details["pair_axes"] == ["optim.lr"] and verdict.details["wins"] == 2, claim
+    across = Claim(id="x", text="t", kind="more_diverged", a={"method": "post", "optim.lr": "0.002"},
+                   b={"method": "pre", "optim.lr": ["0.001"]})  # a list built in Python works too
+    verdict = judge(across, recs)
+    assert verdict.details["pair_axes"] == [] and verdict.details["wins"] == 2

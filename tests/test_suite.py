@@ -47,6 +47,26 @@ def test_a_claim_on_every_cell_reads_incomplete_until_every_cell_has_a_record(mo
     assert verdict.verdict == "reproduced"
 
 
+def test_a_claim_restricted_to_part_of_a_grid_waits_only_for_that_part():
+    # The mup-transfer claims written for the first five lrs are final once those cells have a
+    # record, while the claims over the widened grid still read incomplete.
+    cells = suite.plan("reproduce_mup_transfer_real")
+    first = ("0.0005", "0.001", "0.002", "0.004", "0.008")
+    for cell in cells:
+        if cell.arm["optim.lr"] in first:
+            best = cell.arm["optim.lr"] == "0.002"
+            cell.record = {"status": "ok", "best_valid_loss": 3.0 if best else 4.0 + cell.seed / 10}
+    by_id = {v.claim.id: v for v in suite.verdicts("reproduce_mup_transfer_real", cells)}
+    original = by_id["depth_mup_lr_transfers_across_depth"]
+    assert original.verdict == "reproduced", original.measured
+    assert "grid 0.0005 to 0.008, 5 values" in original.measured
+    wide = by_id["depth_mup_lr_transfers_across_depth_wide_grid"]
+    assert wide.verdict == "incomplete" and wide.measured.startswith("20 of 28 cells trained")
+    next(c for c in cells if c.arm["method"] == "depth_mup" and c.arm["optim.lr"] == "0.001").record = None
+    original, = [v for v in suite.verdicts("reproduce_mup_transfer_real", cells) if v.claim.id == original.claim.id]
+    assert original.verdict == "incomplete" and original.measured.startswith("19 of 20 cells trained")
+
+
 def test_a_claim_added_later_is_marked_with_its_reason():
     cells = suite.plan("reproduce_table2_real")
     for cell in cells:
