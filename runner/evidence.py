@@ -550,14 +550,27 @@ def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
         if r.status == "ok" and value is not None and math.isfinite(value):
             means.setdefault(r.arm.get(claim.across, ""), {}).setdefault(r.arm.get(claim.over, ""), []).append(value)
     best: dict[str, str] = {}
+    # Context that no verdict uses: how far the best beats the runner-up (a reader weighs a best
+    # that wins by 0.01 nats differently from one that wins by 0.1).
+    runner_up: dict[str, tuple[str, float]] = {}
     for across, by_setting in sorted(means.items(), key=lambda kv: _grid_key(kv[0])):
         averaged = {k: sum(v) / len(v) for k, v in by_setting.items()}
-        pick = max if claim.higher_is_better else min
-        best[across] = pick(averaged, key=averaged.get)
+        ranked = sorted(averaged, key=averaged.get, reverse=claim.higher_is_better)
+        best[across] = ranked[0]
+        if len(ranked) > 1:
+            runner_up[across] = (ranked[1], abs(averaged[ranked[0]] - averaged[ranked[1]]))
+
+    def won(across: str) -> str:
+        if across not in runner_up:
+            return ""
+        second, margin = runner_up[across]
+        return f" (by {margin:.3f} over {second})"
+
     measured = (f"best {claim.over} by {claim.across}: "
-                + ", ".join(f"{k} -> {v}" for k, v in best.items())
+                + ", ".join(f"{k} -> {v}{won(k)}" for k, v in best.items())
                 + f" ({claim.metric}, mean over ok seeds; grid {grid[0]} to {grid[-1]}, {len(grid)} values)")
-    details = {"best": best, "grid": grid}
+    details = {"best": best, "grid": grid,
+               "runner_up": {k: {"setting": v[0], "margin": v[1]} for k, v in runner_up.items()}}
     no_best = sorted({r.arm.get(claim.across, "") for r in a} - set(best), key=_grid_key)
     if no_best:
         details["no_ok_cell"] = no_best

@@ -481,6 +481,10 @@ def test_same_best_reproduced_when_the_best_lr_is_the_same_at_every_depth():
     verdict = judge(claim_from_dict(SAME_BEST), records)
     assert verdict.verdict == "reproduced"
     assert verdict.details["best"] == {"6": "3e-3", "12": "3e-3"}
+    # the runner-up and the margin of the means (seeds 1 and 2 add 0.01 and 0.02 to every loss)
+    assert verdict.details["runner_up"] == {"6": {"setting": "1e-2", "margin": pytest.approx(0.3)},
+                                            "12": {"setting": "1e-2", "margin": pytest.approx(0.2)}}
+    assert "6 -> 3e-3 (by 0.300 over 1e-2), 12 -> 3e-3 (by 0.200 over 1e-2)" in verdict.measured
 
 
 def test_same_best_one_step_apart_is_inconclusive_and_two_steps_not_reproduced():
