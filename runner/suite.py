@@ -301,8 +301,8 @@ def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
     for raw in claims:
         claim = claim_from_dict(raw)
         verdict = judge(claim, records)
-        selected = [c for c in cells
-                    if any(selector_matches(c.arm, sel) for sel in (claim.a, claim.b) if sel is not None)]  # {}: every cell
+        selected = [c for c in cells  # an empty selector {} picks every cell
+                    if any(selector_matches(c.arm, sel) for sel in (claim.a, claim.b) if sel is not None)]
         done = sum(c.record is not None for c in selected)
         if done < len(selected):
             verdict = Verdict(claim, "incomplete",

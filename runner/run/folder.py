@@ -14,14 +14,17 @@ sent you cannot run their code.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import re
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
@@ -36,10 +39,45 @@ LAST = "checkpoint_last.pt"
 NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
 
 
+@contextlib.contextmanager
+def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block are held and raised again when it ends.
+
+    An interrupt inside torch.save would otherwise surface as torch's own error from the
+    half-written zip ("unexpected pos ..."), so that a stopped run read as a crash instead of as
+    interrupted. Held this way, the checkpoint is written whole, then the signal's handler runs
+    (KeyboardInterrupt, the launcher's Interrupted, or the default action). Python runs signal
+    handlers in the main thread only, so a save in another thread is never interrupted by them
+    and holds nothing. A handler installed outside Python (getsignal() is None) is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    replaced: dict[int, Any] = {}
+    for signum in signums:
+        previous = signal.getsignal(signum)
+        if previous is None or previous == signal.SIG_IGN:
+            continue
+        replaced[signum] = previous
+        signal.signal(signum, lambda received, frame: held.append(received))
+    try:
+        yield
+    finally:
+        for signum, previous in replaced.items():
+            signal.signal(signum, previous)
+        for signum in dict.fromkeys(held):  # once each, in order of arrival
+            signal.raise_signal(signum)
+
+
 def save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
     """Write to a temporary file in the same folder, fsync, then rename: a kill at any moment
-    leaves either the old checkpoint or the new one, never a torn file."""
-    path = Path(path)
+    leaves either the old checkpoint or the new one, never a torn file; SIGINT/SIGTERM meanwhile
+    are held until the file is in place (`signals_held`)."""
+    with signals_held():
+        _save_checkpoint_file(obj, Path(path))
+
+
+def _save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)  # mkstemp creates 0600; checkpoints are shared like any output
@@ -67,8 +105,13 @@ def numbered_checkpoints(run_dir: Path) -> list[Path]:
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any], step: int, keep: int) -> None:
     """checkpoint_last.pt always; with keep > 0 also checkpoint_<step>.pt (for averaging), as a
-    hard link to the same bytes, pruning all but the newest `keep`."""
-    run_dir = Path(run_dir)
+    hard link to the same bytes, pruning all but the newest `keep`. An interrupt meanwhile is
+    held until the files are in place (`signals_held`)."""
+    with signals_held():
+        _save_checkpoint(Path(run_dir), state, step, keep)
+
+
+def _save_checkpoint(run_dir: Path, state: dict[str, Any], step: int, keep: int) -> None:
     last = run_dir / LAST
     save_checkpoint_file(state, last)
     if keep > 0:
