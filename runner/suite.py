@@ -336,6 +336,10 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              *([f"heatmap.png: per {' '.join(grid_axes(preset))} setting, the mean best validation "
                 "loss of the ok seeds and how many seeds diverged or stalled.", ""]
                if grid_axes(preset) else []),
+             *(["transfer.png: for each transfer claim, the mean best validation loss against "
+                "the tuned setting, one line per depth; a star marks each line's best, dots the "
+                "seeds, crosses on the top edge diverged or stalled cells.", ""]
+               if transfer_panels(preset, []) else []),
              "## Claims (rules written in the preset before the run)", "",
              "A verdict is final once every cell of the arms it compares has a record; until then "
              "it reads \"incomplete\". A claim marked † was added later, for the reason given "
@@ -470,6 +474,81 @@ def plot_grid(preset: str, cells: Sequence[SuiteCell], path: Path) -> Optional[P
     return path
 
 
+def transfer_panels(preset: str, cells: Sequence[SuiteCell]) -> dict[str, dict]:
+    """The data behind transfer.png, one panel per claim of kind `same_best` (a claim whose cells
+    are all another's, such as one kept to part of the grid, shares that claim's panel): per
+    `across` value, the `over` values with the mean metric of their ok seeds (NaN when none), each
+    ok seed's value, and the cells that diverged or stalled."""
+    claims = [claim_from_dict(raw) for raw in ((load_preset(preset).get("sweep") or {}).get("claims") or [])]
+    claims = [c for c in claims if c.kind == "same_best"]
+    chosen = {c.id: [cell for cell in cells if selector_matches(cell.arm, c.a)] for c in claims}
+    panels: dict[str, dict] = {}
+    for claim in claims:
+        mine = {id(cell) for cell in chosen[claim.id]}
+        if any(mine < {id(cell) for cell in chosen[other.id]} or
+               (mine == {id(cell) for cell in chosen[other.id]} and other.id in panels)
+               for other in claims if other.id != claim.id):
+            continue
+        over, across = claim.over or "", claim.across or ""
+        xs = sorted({cell.arm[over] for cell in chosen[claim.id]}, key=_numeric_order)
+        lines: dict[str, dict] = {}
+        for depth in sorted({cell.arm[across] for cell in chosen[claim.id]}, key=_numeric_order):
+            at = [cell for cell in chosen[claim.id] if cell.arm[across] == depth and cell.record]
+            seeds, failed, means = [], [], []
+            for x in xs:
+                ok = [cell.record.get(claim.metric) for cell in at if cell.arm[over] == x
+                      and cell.record["status"] == "ok" and cell.record.get(claim.metric) is not None
+                      and math.isfinite(cell.record[claim.metric])]
+                seeds += [(x, v) for v in ok]
+                failed += [x for cell in at if cell.arm[over] == x and cell.record["status"] in ("diverged", "stalled")]
+                means.append(sum(ok) / len(ok) if ok else math.nan)
+            lines[depth] = {"means": means, "seeds": seeds, "failed": failed}
+        title = ", ".join(f"{k}={v}" for k, v in claim.a.items() if isinstance(v, str)) or claim.id
+        panels[claim.id] = {"title": title, "over": over, "across": across, "metric": claim.metric, "xs": xs,
+                            "higher_is_better": claim.higher_is_better, "lines": lines}
+    return panels
+
+
+def plot_transfer(preset: str, cells: Sequence[SuiteCell], path: Path) -> Optional[Path]:
+    """For claims of kind `same_best`: the metric against the tuned setting, one line per depth
+    (the Tensor Programs VI transfer figure), the best of each line starred, seeds as dots,
+    diverged or stalled cells as crosses on the panel's top edge."""
+    panels = transfer_panels(preset, cells)
+    if not panels or not any(c.record for c in cells):
+        return None
+    import matplotlib  # noqa: PLC0415 (+0.5 s at import; only plots need it)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (see above)
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.8), squeeze=False,
+                             sharey=True, layout="constrained")
+    for ax, panel in zip(axes[0], panels.values()):
+        xs = [float(x) for x in panel["xs"]]
+        for i, (depth, line) in enumerate(panel["lines"].items()):
+            colour = plt.cm.tab10(i % 10)
+            means = np.array(line["means"], dtype=float)
+            ax.plot(xs, means, "-o", color=colour, label=f"{panel['across']}={depth}")
+            if line["seeds"]:
+                sx, sy = zip(*line["seeds"])
+                ax.scatter([float(x) for x in sx], sy, color=colour, s=10, alpha=0.5)
+            if np.isfinite(means).any():
+                best = int(np.nanargmax(means) if panel["higher_is_better"] else np.nanargmin(means))
+                ax.plot(xs[best], means[best], "*", color=colour, markersize=15, markeredgecolor="black")
+            for x in line["failed"]:
+                ax.plot(float(x), 1.0, "x", color=colour, transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [_short(x) for x in panel["xs"]], fontsize=7)
+        ax.minorticks_off()
+        ax.set_xlabel(panel["over"])
+        ax.set_title(panel["title"], fontsize=9)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel(f"{next(iter(panels.values()))['metric']} (mean of ok seeds)")
+    _replace(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+    return path
+
+
 def _replace(path: Path, write: Callable[[Path], object]) -> None:
     """Write a file through a temporary one and os.replace, so that a stop mid-write leaves the
     old file whole (reports are rewritten after every cell)."""
@@ -486,4 +565,5 @@ def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell
     _replace(out / "report.md", lambda tmp: tmp.write_text(text))
     plot_curves(cells, out / "curves.png")
     plot_grid(preset, cells, out / "heatmap.png")
+    plot_transfer(preset, cells, out / "transfer.png")
     return out / "report.md"

@@ -4,6 +4,7 @@ second call trains nothing and reuses them, and the report carries every arm and
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -65,6 +66,33 @@ def test_a_claim_restricted_to_part_of_a_grid_waits_only_for_that_part():
     next(c for c in cells if c.arm["method"] == "depth_mup" and c.arm["optim.lr"] == "0.001").record = None
     original, = [v for v in suite.verdicts("reproduce_mup_transfer_real", cells) if v.claim.id == original.claim.id]
     assert original.verdict == "incomplete" and original.measured.startswith("19 of 20 cells trained")
+
+
+def test_transfer_panels_and_plot(tmp_path):
+    # One panel per method (the claims kept to the first five lrs share their wide claim's panel),
+    # one line per depth: the mean of the ok seeds per lr, NaN where no seed finished ok.
+    cells = suite.plan("reproduce_mup_transfer_real")
+    for cell in cells:
+        lr, seed = float(cell.arm["optim.lr"]), cell.seed
+        if cell.arm["method"] == "pre_ln" and cell.arm["model.layers"] == "12" and lr == 0.032:
+            cell.record = {"status": "diverged", "best_valid_loss": 9.0}
+        elif lr <= 0.016:
+            cell.record = {"status": "ok", "best_valid_loss": abs(math.log10(lr) + 2) + seed / 10}
+    panels = suite.transfer_panels("reproduce_mup_transfer_real", cells)
+    assert list(panels) == ["depth_mup_lr_transfers_across_depth_wide_grid",
+                            "pre_ln_lr_transfers_across_depth_wide_grid"]
+    pre = panels["pre_ln_lr_transfers_across_depth_wide_grid"]
+    assert pre["title"] == "method=pre_ln" and pre["xs"][-2:] == ["0.016", "0.032"]
+    means = pre["lines"]["12"]["means"]
+    assert means[0] == pytest.approx(abs(math.log10(0.0005) + 2) + 0.15)  # seeds 1 and 2
+    assert math.isnan(means[-1]) and pre["lines"]["12"]["failed"] == ["0.032", "0.032"]
+    assert pre["lines"]["6"]["failed"] == [] and math.isnan(pre["lines"]["6"]["means"][-1])
+    assert len(pre["lines"]["6"]["seeds"]) == 12  # 6 lrs x 2 seeds
+    path = suite.plot_transfer("reproduce_mup_transfer_real", cells, tmp_path / "transfer.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "transfer.png: for each transfer claim" in suite.render(
+        "mup-transfer", "t", "reproduce_mup_transfer_real", cells)
+    assert suite.transfer_panels("reproduce_table2_real", suite.plan("reproduce_table2_real")) == {}
 
 
 def test_a_claim_added_later_is_marked_with_its_reason():
