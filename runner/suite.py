@@ -483,24 +483,28 @@ def transfer_panels(preset: str, cells: Sequence[SuiteCell]) -> dict[str, dict]:
     claims = [c for c in claims if c.kind == "same_best"]
     chosen = {c.id: [cell for cell in cells if selector_matches(cell.arm, c.a)] for c in claims}
     panels: dict[str, dict] = {}
+    def figure(c) -> tuple:  # claims that draw the same figure, on their own cells
+        return (c.over, c.across, c.metric, c.higher_is_better)
+
     for claim in claims:
         mine = {id(cell) for cell in chosen[claim.id]}
         if any(mine < {id(cell) for cell in chosen[other.id]} or
                (mine == {id(cell) for cell in chosen[other.id]} and other.id in panels)
-               for other in claims if other.id != claim.id):
+               for other in claims if other.id != claim.id and figure(other) == figure(claim)):
             continue
         over, across = claim.over or "", claim.across or ""
-        xs = sorted({cell.arm[over] for cell in chosen[claim.id]}, key=_numeric_order)
+        xs = sorted({cell.arm.get(over, "") for cell in chosen[claim.id]}, key=_numeric_order)
         lines: dict[str, dict] = {}
-        for depth in sorted({cell.arm[across] for cell in chosen[claim.id]}, key=_numeric_order):
-            at = [cell for cell in chosen[claim.id] if cell.arm[across] == depth and cell.record]
+        for depth in sorted({cell.arm.get(across, "") for cell in chosen[claim.id]}, key=_numeric_order):
+            at = [cell for cell in chosen[claim.id] if cell.arm.get(across, "") == depth and cell.record]
             seeds, failed, means = [], [], []
             for x in xs:
-                ok = [cell.record.get(claim.metric) for cell in at if cell.arm[over] == x
+                ok = [cell.record.get(claim.metric) for cell in at if cell.arm.get(over, "") == x
                       and cell.record["status"] == "ok" and cell.record.get(claim.metric) is not None
                       and math.isfinite(cell.record[claim.metric])]
                 seeds += [(x, v) for v in ok]
-                failed += [x for cell in at if cell.arm[over] == x and cell.record["status"] in ("diverged", "stalled")]
+                failed += [x for cell in at if cell.arm.get(over, "") == x
+                           and cell.record["status"] in ("diverged", "stalled")]
                 means.append(sum(ok) / len(ok) if ok else math.nan)
             lines[depth] = {"means": means, "seeds": seeds, "failed": failed}
         title = ", ".join(f"{k}={v}" for k, v in claim.a.items() if isinstance(v, str)) or claim.id
@@ -521,29 +525,35 @@ def plot_transfer(preset: str, cells: Sequence[SuiteCell], path: Path) -> Option
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415 (see above)
 
+    one_metric = len({p["metric"] for p in panels.values()}) == 1
     fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.8), squeeze=False,
-                             sharey=True, layout="constrained")
+                             sharey=one_metric, layout="constrained")
     for ax, panel in zip(axes[0], panels.values()):
-        xs = [float(x) for x in panel["xs"]]
+        # a log axis for positive numbers (learning rates), else evenly spaced categories
+        numeric = all(_numeric_order(x)[0] == 0 and float(x) > 0 for x in panel["xs"])
+        position = {x: float(x) if numeric else i for i, x in enumerate(panel["xs"])}
+        xs = [position[x] for x in panel["xs"]]
         for i, (depth, line) in enumerate(panel["lines"].items()):
             colour = plt.cm.tab10(i % 10)
             means = np.array(line["means"], dtype=float)
             ax.plot(xs, means, "-o", color=colour, label=f"{panel['across']}={depth}")
             if line["seeds"]:
                 sx, sy = zip(*line["seeds"])
-                ax.scatter([float(x) for x in sx], sy, color=colour, s=10, alpha=0.5)
+                ax.scatter([position[x] for x in sx], sy, color=colour, s=10, alpha=0.5)
             if np.isfinite(means).any():
                 best = int(np.nanargmax(means) if panel["higher_is_better"] else np.nanargmin(means))
                 ax.plot(xs[best], means[best], "*", color=colour, markersize=15, markeredgecolor="black")
             for x in line["failed"]:
-                ax.plot(float(x), 1.0, "x", color=colour, transform=ax.get_xaxis_transform(), clip_on=False)
-        ax.set_xscale("log")
+                ax.plot(position[x], 1.0, "x", color=colour, transform=ax.get_xaxis_transform(), clip_on=False)
+        if numeric:
+            ax.set_xscale("log")
         ax.set_xticks(xs, [_short(x) for x in panel["xs"]], fontsize=7)
         ax.minorticks_off()
         ax.set_xlabel(panel["over"])
         ax.set_title(panel["title"], fontsize=9)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel(f"{next(iter(panels.values()))['metric']} (mean of ok seeds)")
+        if ax is axes[0][0] or not one_metric:
+            ax.set_ylabel(f"{panel['metric']} (mean of ok seeds)")
     _replace(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return path

@@ -1,6 +1,6 @@
-"""An interrupt that lands while a checkpoint is being written: the checkpoint is written whole,
-then the interrupt is raised as the interrupt it is (not as torch's error from a torn zip, which
-made a stopped sweep cell read as a crash)."""
+"""A stop signal that lands while a checkpoint is being written: the checkpoint is written whole,
+then the signal is handled as it would have been (not turned into torch's error from a torn zip,
+which made a stopped sweep cell read as a crash)."""
 from __future__ import annotations
 
 import os
@@ -12,28 +12,32 @@ import torch
 from runner.run import folder
 
 
-def _interrupt_inside_torch_save(monkeypatch, signum: int) -> list[str]:
-    """torch.save that receives `signum` in the middle of writing (after its first bytes)."""
-    real = torch.save
-    calls = []
+def _signals_inside_torch_save(monkeypatch, *signums: int) -> list[int]:
+    """torch.save that sends `signums` to this process once its zip file is open and before its
+    records are written (torch.serialization._save runs inside torch.save's zip writer), so
+    that the handlers would run with the file half-written. Returns the number of saves."""
+    import torch.serialization as serialization
 
-    def save(obj, f, *args, **kwargs):
-        f.write(b"")  # the file is open and torch.save has begun
-        os.kill(os.getpid(), signum)
-        calls.append("saved")
-        return real(obj, f, *args, **kwargs)
+    real = serialization._save
+    calls = [0]
 
-    monkeypatch.setattr(folder.torch, "save", save)
+    def save(*args, **kwargs):
+        calls[0] += 1
+        for signum in signums:
+            os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serialization, "_save", save)
     return calls
 
 
 def test_sigint_during_a_checkpoint_is_raised_after_it_is_written(tmp_path, monkeypatch):
     folder.save_checkpoint(tmp_path, {"step": torch.tensor(1)}, 1, keep=2)
-    calls = _interrupt_inside_torch_save(monkeypatch, signal.SIGINT)
+    calls = _signals_inside_torch_save(monkeypatch, signal.SIGINT)
     handler = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         folder.save_checkpoint(tmp_path, {"step": torch.tensor(2)}, 2, keep=2)
-    assert calls == ["saved"]
+    assert calls == [1]
     # The new checkpoint is complete, its numbered link too, and no temporary file is left.
     assert int(folder.load_checkpoint(tmp_path / folder.LAST)["step"]) == 2
     assert [p.name for p in folder.numbered_checkpoints(tmp_path)] == ["checkpoint_1.pt", "checkpoint_2.pt"]
@@ -41,24 +45,32 @@ def test_sigint_during_a_checkpoint_is_raised_after_it_is_written(tmp_path, monk
     assert signal.getsignal(signal.SIGINT) is handler  # the run's handler is back
 
 
-def test_a_sigterm_handler_runs_once_after_the_best_checkpoint(tmp_path, monkeypatch):
+def test_every_held_signal_reaches_its_handler_after_the_file_is_in_place(tmp_path, monkeypatch):
+    # SIGTERM and submitit's preemption signal (SIGUSR2) are held too; SIGINT's handler raising
+    # does not keep the others from running.
     path = tmp_path / "checkpoint_best.pt"
-    received = []  # (signal, whether the checkpoint was in place when the handler ran)
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append((signum, path.exists())))
+    seen = []  # (signal, whether the checkpoint was in place when its handler ran)
+    record = lambda signum, frame: seen.append((signum, path.exists()))  # noqa: E731
+    previous = {s: signal.signal(s, record) for s in (signal.SIGTERM, signal.SIGUSR2)}
     try:
-        _interrupt_inside_torch_save(monkeypatch, signal.SIGTERM)
-        folder.save_checkpoint_file({"step": torch.tensor(7)}, path)
-        assert received == [(signal.SIGTERM, True)]
+        _signals_inside_torch_save(monkeypatch, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+        with pytest.raises(KeyboardInterrupt):
+            folder.save_checkpoint_file({"step": torch.tensor(7)}, path)
+        assert seen == [(signal.SIGTERM, True), (signal.SIGUSR2, True)]
         assert int(folder.load_checkpoint(path)["step"]) == 7
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
-def test_an_ignored_signal_stays_ignored(tmp_path, monkeypatch):
+def test_an_ignored_signal_stays_ignored_and_a_stale_temporary_file_goes(tmp_path, monkeypatch):
+    stale = tmp_path / ".c.pt.k1ll3d.tmp"  # what a run killed mid-write leaves
+    stale.write_bytes(b"torn")
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _interrupt_inside_torch_save(monkeypatch, signal.SIGINT)
+        _signals_inside_torch_save(monkeypatch, signal.SIGINT)
         folder.save_checkpoint_file({"step": torch.tensor(3)}, tmp_path / "c.pt")  # no exception
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]

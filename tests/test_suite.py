@@ -76,6 +76,8 @@ def test_transfer_panels_and_plot(tmp_path):
         lr, seed = float(cell.arm["optim.lr"]), cell.seed
         if cell.arm["method"] == "pre_ln" and cell.arm["model.layers"] == "12" and lr == 0.032:
             cell.record = {"status": "diverged", "best_valid_loss": 9.0}
+        elif cell.arm["method"] == "depth_mup" and cell.arm["model.layers"] == "12":
+            cell.record = {"status": "stalled", "best_valid_loss": 6.0}  # a line with no ok cell
         elif lr <= 0.016:
             cell.record = {"status": "ok", "best_valid_loss": abs(math.log10(lr) + 2) + seed / 10}
     panels = suite.transfer_panels("reproduce_mup_transfer_real", cells)
@@ -88,6 +90,8 @@ def test_transfer_panels_and_plot(tmp_path):
     assert math.isnan(means[-1]) and pre["lines"]["12"]["failed"] == ["0.032", "0.032"]
     assert pre["lines"]["6"]["failed"] == [] and math.isnan(pre["lines"]["6"]["means"][-1])
     assert len(pre["lines"]["6"]["seeds"]) == 12  # 6 lrs x 2 seeds
+    mup12 = panels["depth_mup_lr_transfers_across_depth_wide_grid"]["lines"]["12"]
+    assert all(math.isnan(m) for m in mup12["means"]) and len(mup12["failed"]) == 14
     path = suite.plot_transfer("reproduce_mup_transfer_real", cells, tmp_path / "transfer.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "transfer.png: for each transfer claim" in suite.render(

@@ -39,22 +39,40 @@ LAST = "checkpoint_last.pt"
 NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
 
 
+def _stop_signals() -> tuple[int, ...]:
+    """SIGINT, SIGTERM and the signal submitit sends a job at its time limit or preemption
+    (SIGUSR2 unless SUBMITIT_PREEMPT_SIGNAL names another, as submitit reads it)."""
+    preempt = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    return (signal.SIGINT, signal.SIGTERM, *([int(preempt)] if preempt is not None else []))
+
+
+def _raise_each(signums: Sequence[int]) -> None:
+    # Every held signal gets its handler, even when an earlier one's raises.
+    if signums:
+        try:
+            signal.raise_signal(signums[0])
+        finally:
+            _raise_each(signums[1:])
+
+
 @contextlib.contextmanager
-def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
-    """SIGINT and SIGTERM that arrive inside the block are held and raised again when it ends.
+def signals_held(signums: Optional[Sequence[int]] = None) -> Iterator[None]:
+    """Stop signals (`_stop_signals`) that arrive inside the block are held and raised again, in
+    order of arrival, when it ends.
 
     An interrupt inside torch.save would otherwise surface as torch's own error from the
     half-written zip ("unexpected pos ..."), so that a stopped run read as a crash instead of as
     interrupted. Held this way, the checkpoint is written whole, then the signal's handler runs
-    (KeyboardInterrupt, the launcher's Interrupted, or the default action). Python runs signal
-    handlers in the main thread only, so a save in another thread is never interrupted by them
-    and holds nothing. A handler installed outside Python (getsignal() is None) is left alone."""
+    (KeyboardInterrupt, the launcher's Interrupted, submitit's requeue, or the default action).
+    Python runs signal handlers in the main thread only, so a save in another thread is never
+    interrupted by them and holds nothing. A handler installed outside Python (getsignal() is
+    None) or an ignored signal is left alone."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list[int] = []
     replaced: dict[int, Any] = {}
-    for signum in signums:
+    for signum in dict.fromkeys(_stop_signals() if signums is None else signums):
         previous = signal.getsignal(signum)
         if previous is None or previous == signal.SIG_IGN:
             continue
@@ -65,8 +83,7 @@ def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> It
     finally:
         for signum, previous in replaced.items():
             signal.signal(signum, previous)
-        for signum in dict.fromkeys(held):  # once each, in order of arrival
-            signal.raise_signal(signum)
+        _raise_each(list(dict.fromkeys(held)))
 
 
 def save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
@@ -78,6 +95,8 @@ def save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
 
 
 def _save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by an attempt killed mid-write
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)  # mkstemp creates 0600; checkpoints are shared like any output
