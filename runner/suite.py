@@ -482,14 +482,15 @@ def transfer_panels(preset: str, cells: Sequence[SuiteCell]) -> dict[str, dict]:
     claims = [claim_from_dict(raw) for raw in ((load_preset(preset).get("sweep") or {}).get("claims") or [])]
     claims = [c for c in claims if c.kind == "same_best"]
     chosen = {c.id: [cell for cell in cells if selector_matches(cell.arm, c.a)] for c in claims}
+    cell_ids = {c.id: {id(cell) for cell in chosen[c.id]} for c in claims}
     panels: dict[str, dict] = {}
+
     def figure(c) -> tuple:  # claims that draw the same figure, on their own cells
         return (c.over, c.across, c.metric, c.higher_is_better)
 
     for claim in claims:
-        mine = {id(cell) for cell in chosen[claim.id]}
-        if any(mine < {id(cell) for cell in chosen[other.id]} or
-               (mine == {id(cell) for cell in chosen[other.id]} and other.id in panels)
+        mine = cell_ids[claim.id]
+        if any(mine < cell_ids[other.id] or (mine == cell_ids[other.id] and other.id in panels)
                for other in claims if other.id != claim.id and figure(other) == figure(claim)):
             continue
         over, across = claim.over or "", claim.across or ""
