@@ -535,7 +535,9 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Ver
     return Verdict(claim, verdict, measured, details)
 
 
-def _grid_key(value: str) -> tuple:
+def numeric_order(value: str) -> tuple:
+    """Sort key for a grid axis's values: numbers in numeric order (1e-3 < 2e-3 < 1e-2), then
+    anything else by its text."""
     try:
         return (0, float(value), value)
     except ValueError:
@@ -544,7 +546,7 @@ def _grid_key(value: str) -> tuple:
 
 def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
     means: dict[str, dict[str, list[float]]] = {}
-    grid = sorted({r.arm.get(claim.over, "") for r in a}, key=_grid_key)
+    grid = sorted({r.arm.get(claim.over, "") for r in a}, key=numeric_order)
     for r in a:
         value = r.metrics.get(claim.metric)
         if r.status == "ok" and value is not None and math.isfinite(value):
@@ -553,7 +555,7 @@ def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
     # Context that no verdict uses: how far the best beats the runner-up (a reader weighs a best
     # that wins by 0.01 nats differently from one that wins by 0.1).
     runner_up: dict[str, tuple[str, float]] = {}
-    for across, by_setting in sorted(means.items(), key=lambda kv: _grid_key(kv[0])):
+    for across, by_setting in sorted(means.items(), key=lambda kv: numeric_order(kv[0])):
         averaged = {k: sum(v) / len(v) for k, v in by_setting.items()}
         ranked = sorted(averaged, key=averaged.get, reverse=claim.higher_is_better)
         best[across] = ranked[0]
@@ -571,7 +573,7 @@ def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
                 + f" ({claim.metric}, mean over ok seeds; grid {grid[0]} to {grid[-1]}, {len(grid)} values)")
     details = {"best": best, "grid": grid,
                "runner_up": {k: {"setting": v[0], "margin": v[1]} for k, v in runner_up.items()}}
-    no_best = sorted({r.arm.get(claim.across, "") for r in a} - set(best), key=_grid_key)
+    no_best = sorted({r.arm.get(claim.across, "") for r in a} - set(best), key=numeric_order)
     if no_best:
         details["no_ok_cell"] = no_best
         measured += f"; no ok cell at {claim.across}=" + ",".join(no_best)

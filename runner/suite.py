@@ -25,7 +25,7 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from runner.console import console
-from runner.evidence import Record, Summary, Verdict, claim_from_dict, judge, selector_matches, summarize
+from runner.evidence import Record, Summary, Verdict, claim_from_dict, judge, numeric_order, selector_matches, summarize
 from runner.records import Records, record_from_run, results_root
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
@@ -392,20 +392,13 @@ def grid_axes(preset: str) -> Optional[tuple[str, str]]:
     return (axes[0], axes[1]) if len(axes) == 2 else None
 
 
-def _numeric_order(value: str) -> tuple:
-    try:
-        return (0, float(value), value)
-    except ValueError:
-        return (1, 0.0, value)
-
-
 def grid_panels(cells: Sequence[SuiteCell], x: str, y: str) -> dict[str, dict]:
     """Per arm of the other axes (e.g. per method): the x and y values, the mean best validation
     loss over the ok seeds of each (y, x) setting (NaN when none), and its label: the mean, or
     how many seeds diverged / stalled, or "-" when no seed has run."""
     panels: dict[str, dict] = {}
-    xs = sorted({c.arm[x] for c in cells}, key=_numeric_order)
-    ys = sorted({c.arm[y] for c in cells}, key=_numeric_order)
+    xs = sorted({c.arm[x] for c in cells}, key=numeric_order)
+    ys = sorted({c.arm[y] for c in cells}, key=numeric_order)
     for cell in cells:
         name = " ".join(f"{k}={v}" for k, v in cell.arm.items() if k not in (x, y)) or "all"
         panel = panels.setdefault(name, {"xs": xs, "ys": ys, "records": {}})
@@ -494,9 +487,9 @@ def transfer_panels(preset: str, cells: Sequence[SuiteCell]) -> dict[str, dict]:
                for other in claims if other.id != claim.id and figure(other) == figure(claim)):
             continue
         over, across = claim.over or "", claim.across or ""
-        xs = sorted({cell.arm.get(over, "") for cell in chosen[claim.id]}, key=_numeric_order)
+        xs = sorted({cell.arm.get(over, "") for cell in chosen[claim.id]}, key=numeric_order)
         lines: dict[str, dict] = {}
-        for depth in sorted({cell.arm.get(across, "") for cell in chosen[claim.id]}, key=_numeric_order):
+        for depth in sorted({cell.arm.get(across, "") for cell in chosen[claim.id]}, key=numeric_order):
             at = [cell for cell in chosen[claim.id] if cell.arm.get(across, "") == depth and cell.record]
             seeds, failed, means = [], [], []
             for x in xs:
@@ -531,7 +524,7 @@ def plot_transfer(preset: str, cells: Sequence[SuiteCell], path: Path) -> Option
                              sharey=one_metric, layout="constrained")
     for ax, panel in zip(axes[0], panels.values()):
         # a log axis for positive numbers (learning rates), else evenly spaced categories
-        numeric = all(_numeric_order(x)[0] == 0 and float(x) > 0 for x in panel["xs"])
+        numeric = all(numeric_order(x)[0] == 0 and float(x) > 0 for x in panel["xs"])
         position = {x: float(x) if numeric else i for i, x in enumerate(panel["xs"])}
         xs = [position[x] for x in panel["xs"]]
         for i, (depth, line) in enumerate(panel["lines"].items()):
