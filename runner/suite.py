@@ -232,6 +232,13 @@ def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
     return sum(kept) / len(kept) if kept else None
 
 
+def _finite_values(records: Sequence[dict], key: str, ok_only: bool = True) -> list[float]:
+    """`key` of each record (of each ok record when `ok_only`) where it is a finite number: what
+    every table and figure of a report averages."""
+    return [r[key] for r in records if (r["status"] == "ok" or not ok_only)
+            and r.get(key) is not None and math.isfinite(r[key])]
+
+
 def _summary_text(s: Summary, spec: str) -> str:
     if s.mean is None:
         return "-"
@@ -272,8 +279,8 @@ def arm_rows(cells: Sequence[SuiteCell], gpu: bool = False) -> list[list[str]]:
         done = [c.record for c in members if c.record is not None]
         ok = [r for r in done if r["status"] == "ok"]
 
-        def values(key: str, among: Sequence[dict] = ok) -> list[float]:
-            return [r[key] for r in among if r.get(key) is not None and math.isfinite(r[key])]
+        def values(key: str, ok_only: bool = True) -> list[float]:
+            return _finite_values(done, key, ok_only)
 
         rows.append([
             " ".join(f"{k}={v}" for k, v in arm),
@@ -285,8 +292,8 @@ def arm_rows(cells: Sequence[SuiteCell], gpu: bool = False) -> list[list[str]]:
             _summary_text(summarize(values("best_valid_loss")), ".3f"),
             _fmt(_mean([curve_slope(r.get("valid_curve") or []) for r in ok]), "+.3f"),
             _fmt(sum(r.get("wall_s") or 0 for r in done) / 60, ".0f"),
-            *((_fmt(_mean(values("seconds_per_update", done)), ".3f"),
-               _fmt(_mean(values("peak_memory_mb", done)), ",.0f")) if gpu else ()),
+            *((_fmt(_mean(values("seconds_per_update", ok_only=False)), ".3f"),
+               _fmt(_mean(values("peak_memory_mb", ok_only=False)), ",.0f")) if gpu else ()),
         ])
     return rows
 
@@ -409,8 +416,7 @@ def grid_panels(cells: Sequence[SuiteCell], x: str, y: str) -> dict[str, dict]:
         labels = [["-"] * len(xs) for _ in ys]
         for (yv, xv), records in panel.pop("records").items():
             i, j = ys.index(yv), xs.index(xv)
-            ok = [r["best_valid_loss"] for r in records if r["status"] == "ok"
-                  and r.get("best_valid_loss") is not None and math.isfinite(r["best_valid_loss"])]
+            ok = _finite_values(records, "best_valid_loss")
             bad = [f"{sum(r['status'] == st for r in records)}/{len(records)} {word}"
                    for st, word in (("diverged", "div"), ("stalled", "stall"))
                    if any(r["status"] == st for r in records)]
@@ -493,9 +499,7 @@ def transfer_panels(preset: str, cells: Sequence[SuiteCell]) -> dict[str, dict]:
             at = [cell for cell in chosen[claim.id] if cell.arm.get(across, "") == depth and cell.record]
             seeds, failed, means = [], [], []
             for x in xs:
-                ok = [cell.record.get(claim.metric) for cell in at if cell.arm.get(over, "") == x
-                      and cell.record["status"] == "ok" and cell.record.get(claim.metric) is not None
-                      and math.isfinite(cell.record[claim.metric])]
+                ok = _finite_values([cell.record for cell in at if cell.arm.get(over, "") == x], claim.metric)
                 seeds += [(x, v) for v in ok]
                 failed += [x for cell in at if cell.arm.get(over, "") == x
                            and cell.record["status"] in ("diverged", "stalled")]
