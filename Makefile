@@ -9,6 +9,7 @@
 #   make reproduce-TARGET   a published table, e.g. reproduce-table2 [SCALE=cpu|real|gpu|paper]
 #                           (deepinit reproduce list: the targets; docs/reproductions.md)
 #   make reproduce-all      every real-data suite's missing cells in one pool (many hours on CPU)
+#   make reproduce-all-schemes  one table of every scheme at the deep setting, from results/
 #   make example-multi30k   a small model on Multi30k De->En on CPU, scored on test2016
 #   make clean              remove build outputs (build, dist, *.egg-info, .pytest_cache)
 #   (all but clean run make setup first if needed)
@@ -104,7 +105,8 @@ REPRODUCE_ARGS ?=
 REPRODUCE_TARGETS := reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz \
                      reproduce-schemes-postln reproduce-sgd-control reproduce-schemes-other \
                      reproduce-schemes-norms reproduce-schemes-scaling reproduce-schemes-norms-warmup \
-                     reproduce-schemes-scaling-warmup reproduce-mup-transfer reproduce-all
+                     reproduce-schemes-scaling-warmup reproduce-mup-transfer reproduce-all \
+                     reproduce-all-schemes
 .PHONY: $(REPRODUCE_TARGETS)
 $(REPRODUCE_TARGETS): $(INSTALLED)
 	$(BIN)/deepinit reproduce $(@:reproduce-%=%) $(if $(SCALE),--scale $(SCALE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY_RUN),--dry-run) $(REPRODUCE_ARGS)

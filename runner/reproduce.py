@@ -35,6 +35,7 @@ import torch
 from runner import suite
 from runner.bench import CUDA_BF16_PEAK_TFLOPS, train_flops
 from runner.config import Config, ModelConfig, TrainerConfig
+from runner.evidence import selector_matches
 from runner.records import Records, results_root
 from runner.run.evaluate import evaluate_run
 from runner.sweep.cells import signal_of
@@ -603,6 +604,62 @@ TARGETS: dict[str, Target] = {
 }
 
 
+# ----------------------------------------------------------------------------- the all-schemes table
+@dataclass(frozen=True)
+class TableSource:
+    """The arms of one suite that belong in a section of the all-schemes table."""
+
+    target: str
+    select: dict = field(default_factory=dict)  # a claim-style selector on the arms ({}: every arm)
+    note: str = ""  # how its rows differ from the common recipe, for the reader
+
+
+ALL_SCHEMES = "all-schemes"
+ALL_SCHEMES_TITLE = "Every scheme at the deep setting: real-data tier"
+ALL_SCHEMES_INTRO = (
+    "The arms of every suite that trains Table 2's deep real-tier recipe (Multi30k De->En, 64-128-2 "
+    "at 12+12 layers, Adam (0.9, 0.98) lr 1e-3, 2,000 updates, seeds 1 to 3, tokenized BLEU with beam 5 "
+    "of the last 5 checkpoints averaged), without warmup and with Table 2's 500 warmup updates: each "
+    "method in its paper's placement, the rest of the recipe the same (a note says where a row's "
+    "differs). Written from the records in results/ by `deepinit reproduce all-schemes` and after each "
+    "cell of these suites.")
+# The sections and their suites; tests/test_all_schemes.py composes every arm and checks that the
+# recipe is the same but for the options the arm's `method=` sets (the SGD control's optimizer among
+# them) and, between the sections, the warmup.
+ALL_SCHEMES_SECTIONS: dict[str, tuple[TableSource, ...]] = {
+    "Without warmup": (
+        TableSource("table2", {"warmup.updates": "0"}),
+        TableSource("schemes-postln"), TableSource("schemes-other"),
+        TableSource("schemes-norms"), TableSource("schemes-scaling"),
+        # T-Fixup paper, Fig. 3c: Post-LN trained with SGD instead of Adam, the control that shows
+        # the no-warmup failure is Adam's
+        TableSource("sgd-control", note="SGD with momentum 0.9 at lr 0.1 instead of Adam (T-Fixup's "
+                    "Fig. 3c control)"),
+    ),
+    "With 500 warmup updates": (
+        TableSource("table2", {"warmup.updates": "500"}),
+        TableSource("schemes-norms-warmup"), TableSource("schemes-scaling-warmup"),
+    ),
+}
+
+
+def write_all_schemes() -> Path:
+    """results/all-schemes/real/report.md from the records of the suites it gathers."""
+    sections = []
+    for heading, sources in ALL_SCHEMES_SECTIONS.items():
+        parts = []
+        for source in sources:
+            cells = [c for c in real_suite(TARGETS[source.target]).cells
+                     if selector_matches(c.arm, {k: str(v) for k, v in source.select.items()})]
+            parts.append(suite.TableRows(source.target, cells, tuple(source.select), source.note))
+        sections.append((heading, parts))
+    return suite.write_combined(ALL_SCHEMES, ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, sections)
+
+
+def feeds_all_schemes(target: str) -> bool:
+    return any(source.target == target for sources in ALL_SCHEMES_SECTIONS.values() for source in sources)
+
+
 # ----------------------------------------------------------------------------- paper-scale cost
 # GPU-hours of SCALE=paper on one H100 (docs/reproductions.md), estimated from model FLOPs until a
 # GPU has run the cells: per cell, max_updates x FLOPs per update / (peak x utilization). FLOPs
@@ -825,6 +882,8 @@ def run_real(target: Target, args, tier: str = "real") -> int:
         return 0
 
     def report(_group: str = "") -> Path:
+        if tier == "real" and feeds_all_schemes(target.name):
+            write_all_schemes()
         return suite.write_report(target.name, target.title, part.preset, cells, tier)
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
@@ -873,6 +932,8 @@ def run_all_real(args) -> int:
 
     def report(name: str) -> Path:
         real = plans[name]
+        if feeds_all_schemes(name):
+            write_all_schemes()
         return suite.write_report(name, real.target.title, real.part.preset, real.cells)
 
     crashed = 0 if args.table_only else suite.run_jobs(jobs, parallel, report)
@@ -950,6 +1011,15 @@ def run(args) -> int:
         return 0
     if args.target == "status":
         return print_status(args.parallel or os.cpu_count() or 1)
+    if args.target == ALL_SCHEMES:
+        if args.scale not in (None, "real") or args.overrides:
+            print(f"deepinit reproduce {ALL_SCHEMES}: a table of the real-tier suites' records; it "
+                  "takes no --scale but real and no overrides", file=sys.stderr)
+            return 2
+        path = write_all_schemes()
+        print(path.read_text())
+        print(f"wrote {path}; `deepinit reproduce all --scale real` trains the cells that have no record")
+        return 0
     if getattr(args, "suites", None) and args.target != "all":
         print(f"deepinit reproduce {args.target}: --suites chooses the suites of 'all'; leave it out or "
               "run 'deepinit reproduce all --suites ...'", file=sys.stderr)

@@ -269,33 +269,42 @@ def curve_slope(curve: Sequence[Sequence[float]], span: int = 400) -> Optional[f
     return None if step == last_step else 1000.0 * (last_loss - loss) / (last_step - step)
 
 
-def arm_rows(cells: Sequence[SuiteCell], gpu: bool = False) -> list[list[str]]:
-    """One row per arm; `gpu` adds the seconds per update and the peak GPU memory."""
+def arms_of(cells: Sequence[SuiteCell]) -> dict[tuple, list[SuiteCell]]:
+    """The cells grouped by arm (the axes other than the seed), in the order the arms first appear."""
     arms: dict[tuple, list[SuiteCell]] = {}
     for cell in cells:
         arms.setdefault(tuple(cell.arm.items()), []).append(cell)
-    rows = []
-    for arm, members in arms.items():
-        done = [c.record for c in members if c.record is not None]
-        ok = [r for r in done if r["status"] == "ok"]
+    return arms
 
-        def values(key: str, ok_only: bool = True) -> list[float]:
-            return _finite_values(done, key, ok_only)
 
-        rows.append([
-            " ".join(f"{k}={v}" for k, v in arm),
-            f"{len(done)}/{len(members)}",
-            str(sum(r["status"] == "diverged" for r in done)),
-            str(sum(r["status"] == "stalled" for r in done)),
-            _summary_text(summarize(values("bleu")), ".2f"),
-            _summary_text(summarize(values("sacrebleu")), ".2f"),
-            _summary_text(summarize(values("best_valid_loss")), ".3f"),
-            _fmt(_mean([curve_slope(r.get("valid_curve") or []) for r in ok]), "+.3f"),
-            _fmt(sum(r.get("wall_s") or 0 for r in done) / 60, ".0f"),
-            *((_fmt(_mean(values("seconds_per_update", ok_only=False)), ".3f"),
-               _fmt(_mean(values("peak_memory_mb", ok_only=False)), ",.0f")) if gpu else ()),
-        ])
-    return rows
+def arm_row(members: Sequence[SuiteCell], gpu: bool = False) -> list[str]:
+    """One arm's columns after its name: seeds with a record / planned, diverged, stalled, BLEU,
+    sacreBLEU, best validation loss, curve slope, minutes of training; `gpu` adds the seconds per
+    update and the peak GPU memory."""
+    done = [c.record for c in members if c.record is not None]
+    ok = [r for r in done if r["status"] == "ok"]
+
+    def values(key: str, ok_only: bool = True) -> list[float]:
+        return _finite_values(done, key, ok_only)
+
+    return [
+        f"{len(done)}/{len(members)}",
+        str(sum(r["status"] == "diverged" for r in done)),
+        str(sum(r["status"] == "stalled" for r in done)),
+        _summary_text(summarize(values("bleu")), ".2f"),
+        _summary_text(summarize(values("sacrebleu")), ".2f"),
+        _summary_text(summarize(values("best_valid_loss")), ".3f"),
+        _fmt(_mean([curve_slope(r.get("valid_curve") or []) for r in ok]), "+.3f"),
+        _fmt(sum(r.get("wall_s") or 0 for r in done) / 60, ".0f"),
+        *((_fmt(_mean(values("seconds_per_update", ok_only=False)), ".3f"),
+           _fmt(_mean(values("peak_memory_mb", ok_only=False)), ",.0f")) if gpu else ()),
+    ]
+
+
+def arm_rows(cells: Sequence[SuiteCell], gpu: bool = False) -> list[list[str]]:
+    """One row per arm; `gpu` adds the seconds per update and the peak GPU memory."""
+    return [[" ".join(f"{k}={v}" for k, v in arm), *arm_row(members, gpu)]
+            for arm, members in arms_of(cells).items()]
 
 
 def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
@@ -319,12 +328,17 @@ def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
     return out
 
 
-def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
-    done = [c.record for c in cells if c.record is not None]
-    commits = sorted({(r.get("machine") or {}).get("git_commit") or "?" for r in done})
+def provenance(records: Sequence[dict]) -> str:
+    """The commits and machines that produced these records, in one line."""
+    commits = sorted({(r.get("machine") or {}).get("git_commit") or "?" for r in records})
     machines = sorted({f"{(r.get('machine') or {}).get('device_name')}, "
                        f"{(r.get('machine') or {}).get('threads')} thread(s), torch "
-                       f"{(r.get('machine') or {}).get('torch')}" for r in done})
+                       f"{(r.get('machine') or {}).get('torch')}" for r in records})
+    return f"Commits: {', '.join(c[:10] for c in commits) or '-'}. Machines: {'; '.join(machines) or '-'}."
+
+
+def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
+    done = [c.record for c in cells if c.record is not None]
     gpu = tier == "gpu"
     header = ["arm", "seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU", "best valid loss",
               "slope", "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
@@ -332,8 +346,7 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
              "Each arm: mean ± std over seeds [95% bootstrap CI of the mean]; diverged and "
              "stalled seeds are counted apart and left out of the means.", "",
-             f"Commits: {', '.join(c[:10] for c in commits) or '-'}. "
-             f"Machines: {'; '.join(machines) or '-'}.", "",
+             provenance(done), "",
              markdown_table(header, arm_rows(cells, gpu)), "",
              "slope: change of the validation loss per 1,000 updates over each run's last 400 "
              "updates (mean over the arm's ok seeds); near 0 when the curve has flattened.", "",
@@ -360,6 +373,54 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
     if any(v.claim.added for v in judged):
         lines.append("")
     return "\n".join(lines)
+
+
+@dataclass
+class TableRows:
+    """Some arms of one suite, as rows of a table that gathers several suites' arms."""
+
+    suite: str  # the target whose records these are
+    cells: list[SuiteCell]
+    drop: tuple[str, ...] = ()  # axes that the table's section fixes, left out of the row names
+    note: str = ""  # how these rows differ from the table's common recipe ("" when they do not)
+
+
+def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequence[TableRows]]]) -> str:
+    """One markdown page of several suites' arms, a table per section, the rows of each sorted by
+    mean BLEU (arms without an ok seed last); each arm's statistics as in its own suite's report."""
+    done = [c.record for _, parts in sections for part in parts for c in part.cells if c.record is not None]
+    planned = sum(len(part.cells) for _, parts in sections for part in parts)
+    header = ["arm", "suite", "seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU", "best valid loss",
+              "slope", "CPU min"]
+    lines = [f"# {title}", "", intro, "",
+             f"{len(done)} of {planned} cells trained. Each arm: mean ± std over seeds [95% bootstrap CI of "
+             "the mean]; diverged and stalled seeds are counted apart and left out of the means; the "
+             "claims and their verdicts are in each suite's own report (results/<suite>/real/report.md).", "",
+             provenance(done), ""]
+    for heading, parts in sections:
+        rows, notes = [], []
+        for part in parts:
+            for arm, members in arms_of(part.cells).items():
+                name = " ".join(f"{k}={v}" for k, v in arm if k not in part.drop) or "all"
+                bleu = _finite_values([c.record for c in members if c.record is not None], "bleu")
+                rows.append((-sum(bleu) / len(bleu) if bleu else math.inf, [name, part.suite, *arm_row(members)]))
+                if part.note:
+                    notes.append(f"- {name} ({part.suite}): {part.note}")
+        rows.sort(key=lambda row: row[0])  # stable: arms without BLEU keep their order, last
+        lines += [f"## {heading}", "", markdown_table(header, [row for _, row in rows]), "", *notes,
+                  *([""] if notes else [])]
+    lines += ["slope: change of the validation loss per 1,000 updates over each run's last 400 updates (mean "
+              "over the arm's ok seeds); near 0 when the curve has flattened.", ""]
+    return "\n".join(lines)
+
+
+def write_combined(name: str, title: str, intro: str, sections: Sequence[tuple[str, Sequence[TableRows]]],
+                   tier: str = "real") -> Path:
+    out = results_dir(name, tier)
+    out.mkdir(parents=True, exist_ok=True)
+    text = render_combined(title, intro, sections)
+    _replace(out / "report.md", lambda tmp: tmp.write_text(text))
+    return out / "report.md"
 
 
 def plot_curves(cells: Sequence[SuiteCell], path: Path) -> Optional[Path]:

@@ -14,10 +14,11 @@ from runner.sweep import cells
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="deepinit reproduce",
                                 description="Reproduce a published table (docs/reproductions.md).")
-    p.add_argument("target", choices=[*reproduce.TARGETS, "all", "list", "status"],
+    p.add_argument("target", choices=[*reproduce.TARGETS, "all", reproduce.ALL_SCHEMES, "list", "status"],
                    help="a target; all: every real-tier suite in one pool of cells (--scale real); "
-                        "list: the targets; status: how far each real-tier suite has got (records, "
-                        "verdicts, estimated time left)")
+                        f"{reproduce.ALL_SCHEMES}: one table of every scheme at the deep setting, from "
+                        "the real-tier suites' records (trains nothing); list: the targets; status: how "
+                        "far each real-tier suite has got (records, verdicts, estimated time left)")
     p.add_argument("overrides", nargs="*", help="extra overrides for every cell; an override of a "
                    "swept axis replaces its values (e.g. model.layers=6,20,50)")
     p.add_argument("--scale", choices=reproduce.SCALES,

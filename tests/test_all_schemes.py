@@ -1,0 +1,113 @@
+"""The all-schemes table gathers several suites' arms into one table per warmup setting: this
+holds only if those suites train the same recipe, so the recipe test composes every arm; the
+table's rows, order and notes are checked on hand-made records; the command writes the page
+from results/ and trains nothing."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from runner import reproduce as rp
+from runner import suite
+from runner.cli.compose import compose
+from tests.conftest import run_cli
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _config(overrides) -> dict:
+    cfg = _flat(dataclasses.asdict(compose(overrides)))
+    if cfg["model.qk_norm"] == "none":  # the temperature is read only by QK-norm
+        cfg.pop("model.qk_norm_temperature")
+    return cfg
+
+
+def _method_keys(method: str) -> set[str]:
+    """The keys that `method=NAME` changes from the defaults: the method's own options."""
+    base, alone = _config([]), _config([f"method={method}"])
+    return {k for k in base.keys() | alone.keys() if base.get(k) != alone.get(k)}
+
+
+def test_every_row_of_a_section_trains_the_same_recipe_but_the_options_its_method_sets():
+    ignore = ("trainer.seed", "sweep.")
+    checked = 0
+    for heading, sources in rp.ALL_SCHEMES_SECTIONS.items():
+        reference = None
+        for source in sources:
+            cells = [c for c in suite.plan(rp.TARGETS[source.target].parts["real"][0].preset)
+                     if all(c.arm.get(k) == str(v) for k, v in source.select.items())]
+            assert cells, (heading, source.target)
+            assert {c.seed for c in cells} == {1, 2, 3}, (heading, source.target)  # the same seeds
+            for arm, members in suite.arms_of(cells).items():
+                cfg = _config(members[0].overrides)
+                if reference is None:  # the section's first arm: Table 2's Post-LN
+                    reference = cfg
+                    continue
+                allowed = _method_keys(dict(arm)["method"])
+                differ = {k for k in cfg.keys() | reference.keys() if cfg.get(k) != reference.get(k)}
+                unexplained = {k for k in differ if not k.startswith(ignore)
+                               and not any(k.startswith(a) or k == a for a in allowed)}
+                assert not unexplained, (heading, source.target, arm,
+                                         {k: (reference.get(k), cfg.get(k)) for k in unexplained})
+                checked += 1
+    assert checked >= 30
+
+
+def test_the_sections_differ_in_warmup_only():
+    without, with_ = rp.ALL_SCHEMES_SECTIONS.values()
+    pre = {name: _config(next(c for c in suite.plan(rp.TARGETS["table2"].parts["real"][0].preset)
+                              if c.arm == {"method": "pre_ln", "warmup.updates": updates}).overrides)
+           for name, updates in (("without", "0"), ("with", "500"))}
+    assert pre["without"]["warmup.updates"] == 0 and pre["with"]["warmup.updates"] == 500
+    assert {k for k in pre["without"] if pre["without"][k] != pre["with"][k]} - {"sweep.name"} == {"warmup.updates"}
+    assert without[0].select == {"warmup.updates": "0"} and with_[0].select == {"warmup.updates": "500"}
+
+
+def _cell(arm: dict, seed: int, record=None) -> suite.SuiteCell:
+    return suite.SuiteCell([], [f"{k}={v}" for k, v in arm.items()], dict(arm), seed, record)
+
+
+def _ok(bleu: float) -> dict:
+    return {"status": "ok", "bleu": bleu, "sacrebleu": bleu, "best_valid_loss": 3.0}
+
+
+def test_rows_are_sorted_by_mean_bleu_with_untrained_and_failed_arms_last():
+    a = [_cell({"method": "a", "warmup.updates": "0"}, s, _ok(b)) for s, b in ((1, 10.0), (2, 12.0))]
+    b = [_cell({"method": "b"}, 1, _ok(30.0)), _cell({"method": "b"}, 2)]
+    c = [_cell({"method": "c"}, s, {"status": "diverged", "bleu": None, "best_valid_loss": None}) for s in (1, 2)]
+    d = [_cell({"method": "d"}, 1)]
+    page = suite.render_combined("T", "intro", [("No warmup", [
+        suite.TableRows("s1", a, drop=("warmup.updates",)), suite.TableRows("s2", c + d + b, note="uses SGD")])])
+    rows = [line for line in page.splitlines() if line.startswith("| method=")]
+    assert [r.split(" | ")[0] for r in rows] == ["| method=b", "| method=a", "| method=c", "| method=d"]
+    assert rows[0].split(" | ")[1:3] == ["s2", "1/2"]  # partial arms say so
+    assert rows[1].startswith("| method=a | s1 | 2/2 | 0 | 0 | 11.00 ± 1.41")  # the section's axis is dropped
+    assert rows[2].split(" | ")[2:4] == ["2/2", "2"]  # two diverged seeds
+    assert "- method=b (s2): uses SGD" in page and "- method=a (s1)" not in page
+    assert "5 of 7 cells trained" in page
+
+
+def test_the_command_writes_the_table_from_records_and_trains_nothing(tmp_path):
+    cell = next(c for c in suite.plan("reproduce_schemes_norms_real") if c.arm == {"method": "b2t"})
+    path = tmp_path / "schemes-norms" / "real" / "records.jsonl"
+    path.parent.mkdir(parents=True)
+    record = {"overrides": cell.key, "arm": cell.arm, "seed": cell.seed, "status": "ok", "bleu": 33.3,
+              "sacrebleu": 33.2, "best_valid_loss": 3.1, "machine": {"git_commit": "abc"}}
+    path.write_text(json.dumps(record) + "\n")
+    env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path)}
+    r = run_cli(["reproduce", "all-schemes"], tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "all-schemes" / "real" / "report.md").read_text()
+    assert "| method=b2t | schemes-norms | 1/3 | 0 | 0 | 33.30 (n=1)" in page
+    assert not (tmp_path / "schemes-norms" / "real" / "report.md").exists()  # no suite ran
+    bad = run_cli(["reproduce", "all-schemes", "--scale", "cpu"], tmp_path, env=env)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "all-schemes" in bad.stderr
