@@ -643,21 +643,34 @@ ALL_SCHEMES_SECTIONS: dict[str, tuple[TableSource, ...]] = {
 }
 
 
+def all_schemes_cells(source: TableSource) -> list:
+    """The cells of `source`'s suite that it puts in the table, with their records."""
+    return [c for c in real_suite(TARGETS[source.target]).cells if selector_matches(c.arm, source.select)]
+
+
+def all_schemes_sections() -> list[tuple[str, list[suite.TableRows]]]:
+    return [(heading, [suite.TableRows(source.target, all_schemes_cells(source), tuple(source.select), source.note)
+                       for source in sources])
+            for heading, sources in ALL_SCHEMES_SECTIONS.items()]
+
+
 def write_all_schemes() -> Path:
     """results/all-schemes/real/report.md from the records of the suites it gathers."""
-    sections = []
-    for heading, sources in ALL_SCHEMES_SECTIONS.items():
-        parts = []
-        for source in sources:
-            cells = [c for c in real_suite(TARGETS[source.target]).cells
-                     if selector_matches(c.arm, {k: str(v) for k, v in source.select.items()})]
-            parts.append(suite.TableRows(source.target, cells, tuple(source.select), source.note))
-        sections.append((heading, parts))
-    return suite.write_combined(ALL_SCHEMES, ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, sections)
+    return suite.write_combined(ALL_SCHEMES, ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, all_schemes_sections())
 
 
 def feeds_all_schemes(target: str) -> bool:
     return any(source.target == target for sources in ALL_SCHEMES_SECTIONS.values() for source in sources)
+
+
+def refresh_all_schemes() -> None:
+    """Rewrite the all-schemes page after a cell of a suite that feeds it; a failure to write it
+    is a warning, never a reason to lose the suite's own report."""
+    try:
+        write_all_schemes()
+    except (OSError, ValueError, KeyError) as err:
+        print(f"deepinit reproduce: could not rewrite the {ALL_SCHEMES} table ({err}); "
+              f"`deepinit reproduce {ALL_SCHEMES}` writes it", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- paper-scale cost
@@ -882,9 +895,10 @@ def run_real(target: Target, args, tier: str = "real") -> int:
         return 0
 
     def report(_group: str = "") -> Path:
+        path = suite.write_report(target.name, target.title, part.preset, cells, tier)
         if tier == "real" and feeds_all_schemes(target.name):
-            write_all_schemes()
-        return suite.write_report(target.name, target.title, part.preset, cells, tier)
+            refresh_all_schemes()
+        return path
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
     crashed = 0 if args.table_only else suite.run_cells(cells, work, records, parallel, report)
@@ -930,15 +944,18 @@ def run_all_real(args) -> int:
     if args.dry_run:
         return 0
 
-    def report(name: str) -> Path:
+    def report(name: str, with_all_schemes: bool = True) -> Path:
         real = plans[name]
-        if feeds_all_schemes(name):
-            write_all_schemes()
-        return suite.write_report(name, real.target.title, real.part.preset, real.cells)
+        path = suite.write_report(name, real.target.title, real.part.preset, real.cells)
+        if with_all_schemes and feeds_all_schemes(name):
+            refresh_all_schemes()
+        return path
 
     crashed = 0 if args.table_only else suite.run_jobs(jobs, parallel, report)
     for name in plans:  # every report, finished or not, from the records as they are now
-        print(f"{name}: report written to {report(name)}")
+        print(f"{name}: report written to {report(name, with_all_schemes=False)}")
+    if any(feeds_all_schemes(name) for name in plans):
+        refresh_all_schemes()
     if crashed:
         print(f"{crashed} cell(s) failed: their .out files under {args.out.resolve()} say why", file=sys.stderr)
     return 1 if crashed else 0
@@ -1011,19 +1028,22 @@ def run(args) -> int:
         return 0
     if args.target == "status":
         return print_status(args.parallel or os.cpu_count() or 1)
+    if getattr(args, "suites", None) and args.target != "all":
+        print(f"deepinit reproduce {args.target}: --suites chooses the suites of 'all'; leave it out or "
+              "run 'deepinit reproduce all --suites ...'", file=sys.stderr)
+        return 2
     if args.target == ALL_SCHEMES:
         if args.scale not in (None, "real") or args.overrides:
             print(f"deepinit reproduce {ALL_SCHEMES}: a table of the real-tier suites' records; it "
                   "takes no --scale but real and no overrides", file=sys.stderr)
             return 2
+        if args.dry_run:  # the page as it would be written; nothing is written
+            print(suite.render_combined(ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, all_schemes_sections()))
+            return 0
         path = write_all_schemes()
         print(path.read_text())
         print(f"wrote {path}; `deepinit reproduce all --scale real` trains the cells that have no record")
         return 0
-    if getattr(args, "suites", None) and args.target != "all":
-        print(f"deepinit reproduce {args.target}: --suites chooses the suites of 'all'; leave it out or "
-              "run 'deepinit reproduce all --suites ...'", file=sys.stderr)
-        return 2
     if args.target == "all":
         if args.scale not in (None, "real"):
             print("deepinit reproduce all: only --scale real (every real-tier suite)", file=sys.stderr)

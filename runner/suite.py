@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +224,10 @@ class _Pool:
 
 
 # ----------------------------------------------------------------------------- the report
+SLOPE_NOTE = ("slope: change of the validation loss per 1,000 updates over each run's last 400 updates (mean "
+              "over the arm's ok seeds); near 0 when the curve has flattened.")
+
+
 def _fmt(value: Optional[float], spec: str) -> str:
     return "-" if value is None or not math.isfinite(value) else format(value, spec)
 
@@ -348,8 +353,7 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              "stalled seeds are counted apart and left out of the means.", "",
              provenance(done), "",
              markdown_table(header, arm_rows(cells, gpu)), "",
-             "slope: change of the validation loss per 1,000 updates over each run's last 400 "
-             "updates (mean over the arm's ok seeds); near 0 when the curve has flattened.", "",
+             SLOPE_NOTE, "",
              *(["s/update: training seconds per update; peak MiB: the CUDA allocator's peak of "
                 "the cell's process (means over the arm's trained seeds, whatever their status).",
                 ""] if gpu else []),
@@ -386,37 +390,41 @@ class TableRows:
 
 
 def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequence[TableRows]]]) -> str:
-    """One markdown page of several suites' arms, a table per section, the rows of each sorted by
-    mean BLEU (arms without an ok seed last); each arm's statistics as in its own suite's report."""
+    """One markdown page of several suites' arms, a table per section: each arm's statistics as in
+    its own suite's report, the rows sorted by the share of their seeds that diverged or stalled,
+    then by mean BLEU (arms without a record last)."""
     done = [c.record for _, parts in sections for part in parts for c in part.cells if c.record is not None]
     planned = sum(len(part.cells) for _, parts in sections for part in parts)
     header = ["arm", "suite", "seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU", "best valid loss",
               "slope", "CPU min"]
     lines = [f"# {title}", "", intro, "",
              f"{len(done)} of {planned} cells trained. Each arm: mean ± std over seeds [95% bootstrap CI of "
-             "the mean]; diverged and stalled seeds are counted apart and left out of the means; the "
-             "claims and their verdicts are in each suite's own report (results/<suite>/real/report.md).", "",
+             "the mean]; diverged and stalled seeds are counted apart and left out of the means. Rows: "
+             "the arms whose seeds all trained first, by mean BLEU, then those with diverged or stalled "
+             "seeds, then those without a record. The claims and their verdicts are in each suite's "
+             "own report (results/<suite>/real/report.md).", "",
              provenance(done), ""]
     for heading, parts in sections:
         rows, notes = [], []
         for part in parts:
             for arm, members in arms_of(part.cells).items():
                 name = " ".join(f"{k}={v}" for k, v in arm if k not in part.drop) or "all"
-                bleu = _finite_values([c.record for c in members if c.record is not None], "bleu")
-                rows.append((-sum(bleu) / len(bleu) if bleu else math.inf, [name, part.suite, *arm_row(members)]))
+                records = [c.record for c in members if c.record is not None]
+                failed = sum(r["status"] in ("diverged", "stalled") for r in records)
+                bleu = _mean(_finite_values(records, "bleu"))
+                order = (failed / len(records), -bleu if bleu is not None else math.inf) if records else (2.0, 0.0)
+                rows.append((order, [name, part.suite, *arm_row(members)]))
                 if part.note:
                     notes.append(f"- {name} ({part.suite}): {part.note}")
-        rows.sort(key=lambda row: row[0])  # stable: arms without BLEU keep their order, last
+        rows.sort(key=lambda row: row[0])  # stable: arms without a record keep their order, last
         lines += [f"## {heading}", "", markdown_table(header, [row for _, row in rows]), "", *notes,
                   *([""] if notes else [])]
-    lines += ["slope: change of the validation loss per 1,000 updates over each run's last 400 updates (mean "
-              "over the arm's ok seeds); near 0 when the curve has flattened.", ""]
+    lines += [SLOPE_NOTE, ""]
     return "\n".join(lines)
 
 
-def write_combined(name: str, title: str, intro: str, sections: Sequence[tuple[str, Sequence[TableRows]]],
-                   tier: str = "real") -> Path:
-    out = results_dir(name, tier)
+def write_combined(name: str, title: str, intro: str, sections: Sequence[tuple[str, Sequence[TableRows]]]) -> Path:
+    out = results_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     text = render_combined(title, intro, sections)
     _replace(out / "report.md", lambda tmp: tmp.write_text(text))
@@ -619,11 +627,17 @@ def plot_transfer(preset: str, cells: Sequence[SuiteCell], path: Path) -> Option
 
 
 def _replace(path: Path, write: Callable[[Path], object]) -> None:
-    """Write a file through a temporary one and os.replace, so that a stop mid-write leaves the
-    old file whole (reports are rewritten after every cell)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    """Write a file through a temporary one of its own and os.replace, so that a stop mid-write
+    leaves the old file whole (reports are rewritten after every cell) and two processes writing
+    the same page (the all-schemes table, fed by several suites) never rename each other's half."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],
