@@ -16,7 +16,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -630,9 +629,7 @@ def _replace(path: Path, write: Callable[[Path], object]) -> None:
     """Write a file through a temporary one of its own and os.replace, so that a stop mid-write
     leaves the old file whole (reports are rewritten after every cell) and two processes writing
     the same page (the all-schemes table, fed by several suites) never rename each other's half."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process; the umask's permissions
     try:
         write(tmp)
         os.replace(tmp, path)
