@@ -1023,8 +1023,11 @@ def print_status(parallel: int) -> int:
 def run(args) -> int:
     """`deepinit reproduce` with parsed arguments (runner/cli/reproduce.py); the exit code."""
     if args.target == "list":
+        width = max(len(name) for name in (*TARGETS, ALL_SCHEMES))
         for t in TARGETS.values():
-            print(f"{t.name:14s} {t.title} (scales: {', '.join(t.parts)})")
+            print(f"{t.name:{width}s}  {t.title} (scales: {', '.join(t.parts)})")
+        print(f"{ALL_SCHEMES:{width}s}  {ALL_SCHEMES_TITLE.split(':')[0]}: one table from the real-tier "
+              "suites' records (trains nothing)")
         return 0
     if args.target == "status":
         return print_status(args.parallel or os.cpu_count() or 1)
