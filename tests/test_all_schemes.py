@@ -122,6 +122,9 @@ def test_the_command_writes_the_table_from_records_and_trains_nothing(tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "all-schemes" in bad.stderr
     suites = run_cli(["reproduce", "all-schemes", "--suites", "table2"], tmp_path, env=env)
     assert suites.returncode == 2 and "--suites" in suites.stderr
+    listed = run_cli(["reproduce", "list"], tmp_path, env=env).stdout.splitlines()
+    assert [line.split()[0] for line in listed] == [*rp.TARGETS, "all-schemes"]
+    assert len({line.index(line.split()[1]) for line in listed}) == 1  # one column for the titles
 
 
 def test_a_feeding_suites_report_rewrites_the_table(tmp_path):
