@@ -281,6 +281,10 @@ def arms_of(cells: Sequence[SuiteCell]) -> dict[tuple, list[SuiteCell]]:
     return arms
 
 
+# the columns arm_row gives, after the arm's name and before the training minutes
+ARM_COLUMNS = ("seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU", "best valid loss", "slope")
+
+
 def arm_row(members: Sequence[SuiteCell], gpu: bool = False) -> list[str]:
     """One arm's columns after its name: seeds with a record / planned, diverged, stalled, BLEU,
     sacreBLEU, best validation loss, curve slope, minutes of training; `gpu` adds the seconds per
@@ -344,8 +348,7 @@ def provenance(records: Sequence[dict]) -> str:
 def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
     done = [c.record for c in cells if c.record is not None]
     gpu = tier == "gpu"
-    header = ["arm", "seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU", "best valid loss",
-              "slope", "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
+    header = ["arm", *ARM_COLUMNS, "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
     lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
              f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
              "Each arm: mean ± std over seeds [95% bootstrap CI of the mean]; diverged and "
@@ -394,8 +397,7 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
     then by mean BLEU (arms without a record last)."""
     done = [c.record for _, parts in sections for part in parts for c in part.cells if c.record is not None]
     planned = sum(len(part.cells) for _, parts in sections for part in parts)
-    header = ["arm", "suite", "seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU", "best valid loss",
-              "slope", "CPU min"]
+    header = ["arm", "suite", *ARM_COLUMNS, "CPU min"]
     lines = [f"# {title}", "", intro, "",
              f"{len(done)} of {planned} cells trained. Each arm: mean ± std over seeds [95% bootstrap CI of "
              "the mean]; diverged and stalled seeds are counted apart and left out of the means. Rows: "
