@@ -1,0 +1,97 @@
+"""BLEU of each real-tier cell's last checkpoint beside the average that its record scores.
+
+The real tier scores the average of the last 5 checkpoints (saved every 200 of 2,000 updates), as
+the papers do; there those 5 checkpoints span the last few percent of training, here they span 40%
+(updates 1,200 to 2,000). Where a validation curve still falls steeply, that average mixes
+weights of very different quality. This script measures what the averaging costs or gains, cell
+by cell, without touching the cells' folders or records.
+
+Usage (the repository on PYTHONPATH, the data root set as for training):
+    python results/last_checkpoint_bleu.py TARGET SUITE_OUTPUT_DIR
+e.g. `python results/last_checkpoint_bleu.py lipschitz outputs/reproduce/lipschitz-real`.
+
+For every cell folder whose result.json matches a record of results/TARGET/real/records.jsonl
+(same overrides and seed, same BLEU), it decodes test with the cell's own decoding settings twice:
+the averaged checkpoints the record scored (a check: the BLEU must equal the record's) and
+checkpoint_last.pt alone. Appends one line per cell to results/TARGET/real/last-checkpoint-bleu.jsonl
+and skips cells already there.
+"""
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from runner.run.evaluate import evaluate_run
+from runner.run.folder import environment
+
+REPO = Path(__file__).resolve().parent.parent
+CHECK_TOLERANCE = 0.01  # BLEU points: the re-decoded average must give the record's score
+
+
+def folder_overrides(cell: Path) -> set[str]:
+    lines = (cell / ".hydra" / "overrides.yaml").read_text().splitlines()
+    return {line[2:].strip() for line in lines if line.startswith("- ")}
+
+
+def matching_record(records: list[dict], cell: Path, result: dict) -> dict | None:
+    overrides = folder_overrides(cell)
+    for record in records:
+        if set(record["overrides"]) <= overrides and record.get("bleu") == result.get("bleu"):
+            return record
+    return None
+
+
+def decode(cell: Path, names: list[str], settings: dict) -> dict:
+    """evaluate_run on a scratch folder that links the cell's files, so that nothing in the cell
+    folder changes (evaluate_run writes eval/ beside the checkpoints)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in ("dict.src.txt", "dict.tgt.txt", *names):
+            (Path(scratch) / name).symlink_to(cell / name)
+        # average_last=len(names) over exactly these numbered files; a single name is scored alone
+        return evaluate_run(scratch, "test", settings["beam"], settings["lenpen"], len(names),
+                            settings["max_len_a"], settings["max_len_b"], update_result=False,
+                            echo=lambda *a, **k: None,
+                            checkpoint=names[0] if len(names) == 1 else None)
+
+
+def main(target: str, suite_dir: Path) -> int:
+    torch.set_num_threads(1)
+    tier = REPO / "results" / target / "real"
+    records = [json.loads(line) for line in (tier / "records.jsonl").read_text().splitlines()]
+    out = tier / "last-checkpoint-bleu.jsonl"
+    done = {(tuple(r["overrides"]), r["seed"]) for r in
+            map(json.loads, out.read_text().splitlines())} if out.exists() else set()
+    env = environment(torch.device("cpu"), "fp32")
+    measured_with = {key: env[key] for key in ("device_name", "torch", "deepinit", "git_commit")}
+    for cell in sorted(p for p in suite_dir.iterdir() if (p / "result.json").is_file()):
+        result = json.loads((cell / "result.json").read_text())
+        record = matching_record(records, cell, result)
+        if record is None or result.get("status") != "ok" or "test" not in result.get("eval", {}):
+            continue
+        if (tuple(record["overrides"]), record["seed"]) in done:
+            continue
+        settings = result["eval"]["test"]
+        averaged = decode(cell, settings["checkpoints"], settings)
+        if abs(averaged["bleu"] - record["bleu"]) > CHECK_TOLERANCE:
+            sys.stderr.write(f"{cell.name}: the re-decoded average gives {averaged['bleu']:.2f} BLEU, "
+                             f"the record {record['bleu']:.2f}; not measured\n")
+            continue
+        last = decode(cell, ["checkpoint_last.pt"], settings)
+        line = {"overrides": record["overrides"], "seed": record["seed"], "arm": record["arm"],
+                "averaged_checkpoints": settings["checkpoints"], "bleu_averaged": record["bleu"],
+                "bleu_averaged_redecoded": averaged["bleu"], "bleu_last": last["bleu"],
+                "sacrebleu_last": last["sacrebleu"], "valid_loss_last": result["valid_loss"],
+                "best_valid_loss": record["best_valid_loss"],
+                "beam": settings["beam"], "lenpen": settings["lenpen"],
+                "record_commit": record["machine"]["git_commit"],
+                "measured_with": measured_with}
+        with out.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        print(f"{cell.name}: averaged {record['bleu']:.2f}, last {last['bleu']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], Path(sys.argv[2])))
