@@ -68,3 +68,18 @@ def test_track_nests_into_the_shown_bar():
     assert console_module._live == []
     # on its own (no terminal): iterates everything, shows nothing
     assert list(track(range(3), "valid")) == [0, 1, 2]
+
+
+def test_help_piped_into_a_reader_that_exits_early_stops_quietly():
+    """`deepinit --help | head`: the reader closes the pipe before deepinit writes; deepinit
+    exits with SIGPIPE's status (141, as Unix tools do) and prints no traceback."""
+    import subprocess
+
+    from conftest import DEEPINIT
+
+    for args in (["--help"], ["reproduce", "list"]):
+        proc = subprocess.Popen([str(DEEPINIT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()  # the reader is gone before the first write
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141, err
+        assert err == "", err

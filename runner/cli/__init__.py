@@ -17,6 +17,8 @@ Verb modules are imported when their verb runs, so `deepinit eval` does not pay 
 from __future__ import annotations
 
 import importlib
+import os
+import select
 import signal
 import sys
 
@@ -41,13 +43,33 @@ def _take_back_sigint() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has exited (poll reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll() here, or stdout is not a file
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
     _take_back_sigint()
     args = list(sys.argv[1:] if argv is None else argv)
     verb = args[0] if args and args[0] in VERBS else "train"
     if args and args[0] == verb:
         args = args[1:]
-    raise SystemExit(importlib.import_module(VERBS[verb]).main(args))
+    try:
+        code = importlib.import_module(VERBS[verb]).main(args)
+        sys.stdout.flush()  # a reader that went away shows here, where it can still be handled
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        # `deepinit --help | head`: stop quietly with the status of a process killed by SIGPIPE,
+        # as Unix tools do; stdout goes to /dev/null so that the exit's own flush cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 128 + signal.SIGPIPE
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":
