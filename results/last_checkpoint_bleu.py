@@ -14,7 +14,7 @@ For every cell folder whose result.json matches a record of results/TARGET/real/
 (same overrides and seed, same BLEU), it decodes test with the cell's own decoding settings twice:
 the averaged checkpoints the record scored (a check: the BLEU must equal the record's) and
 checkpoint_last.pt alone. Appends one line per cell to results/TARGET/real/last-checkpoint-bleu.jsonl
-and skips cells already there.
+(skipping cells already there) and rewrites its table, last-checkpoint-bleu.md, from that file.
 """
 import json
 import sys
@@ -90,7 +90,30 @@ def main(target: str, suite_dir: Path) -> int:
         with out.open("a") as f:
             f.write(json.dumps(line) + "\n")
         print(f"{cell.name}: averaged {record['bleu']:.2f}, last {last['bleu']:.2f}")
+    if out.exists():
+        write_table(target, [json.loads(line) for line in out.read_text().splitlines()],
+                    tier / "last-checkpoint-bleu.md")
     return 0
+
+
+def write_table(target: str, lines: list[dict], path: Path) -> None:
+    rows = sorted(lines, key=lambda r: (sorted(r["arm"].items()), r["seed"]))
+    gains = [r["bleu_last"] - r["bleu_averaged"] for r in rows]
+    text = [f"# {target}: BLEU of the last checkpoint beside the average of the last 5",
+            "",
+            "Written by results/last_checkpoint_bleu.py from last-checkpoint-bleu.jsonl. Both decode "
+            "test2016 with the cell's own settings (beam, length penalty); 'averaged' is the record's "
+            "BLEU (tokenized), re-decoded as a check.",
+            "",
+            "| arm | seed | best valid loss | BLEU averaged | BLEU last | last - averaged |",
+            "|---|---|---|---|---|---|"]
+    for r, gain in zip(rows, gains):
+        arm = " ".join(f"{k}={v}" for k, v in r["arm"].items())
+        text.append(f"| {arm} | {r['seed']} | {r['best_valid_loss']:.3f} | {r['bleu_averaged']:.2f} "
+                    f"| {r['bleu_last']:.2f} | {gain:+.2f} |")
+    text += ["", f"{len(rows)} cells; the last checkpoint scores higher in "
+                 f"{sum(g > 0 for g in gains)} of them."]
+    path.write_text("\n".join(text) + "\n")
 
 
 if __name__ == "__main__":
