@@ -3,8 +3,10 @@
 The real tier scores the average of the last 5 checkpoints (saved every 200 of 2,000 updates), as
 the papers do; there those 5 checkpoints span the last few percent of training, here they span 40%
 (updates 1,200 to 2,000). Where a validation curve still falls steeply, that average mixes
-weights of very different quality. This script measures what the averaging costs or gains, cell
-by cell, without touching the cells' folders or records.
+weights of very different quality. Cells trained with trainer.final_bleu_last carry the last
+checkpoint's BLEU in their record (bleu_last); for cells trained before that option, this script
+measures it on their run folders, without touching the folders or the records. The suite
+reports read its output beside the records (runner/records.py, LAST_CHECKPOINT_FILE).
 
 Usage (the repository on PYTHONPATH, the data root set as for training):
     python results/last_checkpoint_bleu.py TARGET SUITE_OUTPUT_DIR

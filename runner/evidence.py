@@ -42,6 +42,9 @@ Decision rules (`judge`)
        model that barely passed word frequencies count as trained. With it, an "ok" cell whose
        BLEU is below the bar, or missing, counts as not trained ("below the BLEU bar") exactly like
        a stalled one. A preset sets it for its setting, before any cell of the claim's arm runs.
+       `bleu_metric` (with `min_bleu`; default "bleu", the record's BLEU of the averaged
+       checkpoints) names the metric the bar reads: "bleu_last" is the BLEU of the cell's last
+       checkpoint alone, measured on its run folder after training.
 
     "more_diverged" (A diverges in more of its cells than B; for grids where A and B each select
        many cells): cells are paired by the arm axes other than those a selector fixes to one
@@ -277,6 +280,7 @@ class Claim:
     across: str | None = None  # "same_best": the axis it must transfer across (e.g. model.layers)
     added: str | None = None  # when and why, for a claim not written before every run of its arms
     min_bleu: float | None = None  # "trains"/"fails_to_train": an "ok" cell below this BLEU is not trained
+    bleu_metric: str = "bleu"  # the metric min_bleu reads: "bleu" (averaged checkpoints) or "bleu_last"
 
 
 @dataclass(frozen=True)
@@ -311,7 +315,8 @@ def _selector(d: Any, what: str) -> dict[str, Selected]:
 
 
 _CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better", "over", "across",
-               "added", "min_bleu")
+               "added", "min_bleu", "bleu_metric")
+BLEU_METRICS = ("bleu", "bleu_last")  # what min_bleu can read
 
 
 def claim_from_dict(d: Mapping) -> Claim:
@@ -341,6 +346,11 @@ def claim_from_dict(d: Mapping) -> Claim:
                              f"not {kind!r}")
         if isinstance(min_bleu, bool) or not isinstance(min_bleu, (int, float)) or not 0 <= min_bleu <= 100:
             raise ValueError(f"claim {d['id']!r}: min_bleu must be a number from 0 to 100, got {min_bleu!r}")
+    bleu_metric = str(d.get("bleu_metric", "bleu"))
+    if "bleu_metric" in d and min_bleu is None:
+        raise ValueError(f"claim {d['id']!r}: bleu_metric names the metric that min_bleu reads; set min_bleu too")
+    if bleu_metric not in BLEU_METRICS:
+        raise ValueError(f"claim {d['id']!r}: bleu_metric must be one of {list(BLEU_METRICS)}, got {bleu_metric!r}")
     higher = d.get("higher_is_better", True)
     if not isinstance(higher, bool):
         raise ValueError(f"claim {d['id']!r}: higher_is_better must be true or false, got {higher!r}")
@@ -350,7 +360,7 @@ def claim_from_dict(d: Mapping) -> Claim:
                  over=None if d.get("over") is None else str(d["over"]),
                  across=None if d.get("across") is None else str(d["across"]),
                  added=None if d.get("added") is None else str(d["added"]),
-                 min_bleu=None if min_bleu is None else float(min_bleu))
+                 min_bleu=None if min_bleu is None else float(min_bleu), bleu_metric=bleu_metric)
 
 
 # --------------------------------------------------------------------------- judging
@@ -426,7 +436,7 @@ def _below_bleu_bar(claim: Claim, r: Record) -> bool:
     """An "ok" cell that misses the claim's BLEU bar (or has no BLEU) when the claim sets one."""
     if claim.min_bleu is None or r.status != "ok":
         return False
-    bleu = r.metrics.get("bleu")
+    bleu = r.metrics.get(claim.bleu_metric)
     return bleu is None or not math.isfinite(bleu) or bleu < claim.min_bleu
 
 
@@ -438,6 +448,8 @@ def _not_trained(claim: Claim, a: Sequence[Record]) -> tuple[int, dict[str, int]
     if claim.min_bleu is not None:
         counts["below_bleu_bar"] = sum(_below_bleu_bar(claim, r) for r in a)
         words += f", {counts['below_bleu_bar']} below {claim.min_bleu:g} BLEU"
+        if claim.bleu_metric == "bleu_last":
+            words += " of the last checkpoint"
     return sum(counts.values()), counts, words
 
 

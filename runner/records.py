@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -22,8 +22,8 @@ from runner.run import folder
 
 RESULT_FIELDS = ("status", "reason", "diverged_step", "stalled", "updates", "epochs", "train_loss",
                  "valid_loss", "best_valid_loss", "best_valid_nll", "valid_unigram_nll", "bleu",
-                 "sacrebleu", "sacrebleu_signature", "wall_s", "tokens_per_s", "seconds_per_update",
-                 "peak_memory_mb", "parameters")
+                 "sacrebleu", "sacrebleu_signature", "bleu_last", "sacrebleu_last", "wall_s",
+                 "tokens_per_s", "seconds_per_update", "peak_memory_mb", "parameters")
 ENV_FIELDS = ("device", "device_name", "threads", "precision", "torch", "deepinit", "git_commit",
               "platform")
 
@@ -41,23 +41,37 @@ def cell_key(overrides: Sequence[str]) -> str:
     return ",".join(sorted(overrides))
 
 
+# Measured on a tier's run folders after training, one JSON line per cell keyed by the record's
+# overrides (results/last_checkpoint_bleu.py writes it): {"overrides", "seed", "bleu_last", ...}.
+LAST_CHECKPOINT_FILE = "last-checkpoint-bleu.jsonl"
+
+
+def _jsonl_by_key(path: Path) -> dict[str, dict]:
+    by_key: dict[str, dict] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                by_key[cell_key(entry["overrides"])] = entry
+    return by_key
+
+
 @dataclass
 class Records:
-    """The records of one target and tier, keyed by cell_key."""
+    """The records of one target and tier, keyed by cell_key, and what was measured on their run
+    folders afterwards (`measured`: the BLEU of each cell's last checkpoint, where taken). Only
+    the records are ever written back."""
 
     path: Path
     by_key: dict[str, dict]
+    measured: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def load(cls, directory: Path) -> "Records":
         path = Path(directory) / "records.jsonl"
-        by_key: dict[str, dict] = {}
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    record = json.loads(line)
-                    by_key[cell_key(record["overrides"])] = record
-        return cls(path, by_key)
+        measured = {key: {"bleu_last": entry["bleu_last"]}
+                    for key, entry in _jsonl_by_key(Path(directory) / LAST_CHECKPOINT_FILE).items()}
+        return cls(path, _jsonl_by_key(path), measured)
 
     def get(self, overrides: Sequence[str]) -> Optional[dict]:
         return self.by_key.get(cell_key(overrides))

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.console import console
 from runner.evidence import Record, Summary, Verdict, claim_from_dict, judge, numeric_order, selector_matches, summarize
-from runner.records import Records, record_from_run, results_root
+from runner.records import Records, cell_key, record_from_run, results_root
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
 from runner.sweep.report import markdown_table
@@ -42,6 +42,7 @@ class SuiteCell:
     arm: dict[str, str]  # the axes other than the seed
     seed: int
     record: Optional[dict] = None
+    measured: dict = field(default_factory=dict)  # measured on the run folder after training (bleu_last)
 
     @property
     def name(self) -> str:
@@ -77,6 +78,7 @@ def results_dir(target: str, tier: str = "real") -> Path:
 def attach_records(cells: Sequence[SuiteCell], records: Records) -> None:
     for cell in cells:
         cell.record = records.get(cell.key)
+        cell.measured = records.measured.get(cell_key(cell.key), {})
 
 
 # ----------------------------------------------------------------------------- running
@@ -258,8 +260,26 @@ def evidence_records(cells: Sequence[SuiteCell]) -> list[Record]:
         if r is None:
             continue
         out.append(Record(arm=dict(cell.arm), seed=cell.seed, status=r["status"],
-                          metrics={k: r.get(k) for k in ("bleu", "sacrebleu", "best_valid_loss")}))
+                          metrics={**{k: r.get(k) for k in ("bleu", "sacrebleu", "best_valid_loss")},
+                                   "bleu_last": _bleu_last(cell)}))
     return out
+
+
+def _bleu_last(cell: SuiteCell) -> Optional[float]:
+    """The BLEU of the cell's last checkpoint: in its record (trainer.final_bleu_last), or
+    measured on its run folder afterwards (last-checkpoint-bleu.jsonl)."""
+    value = (cell.record or {}).get("bleu_last")
+    return value if value is not None else cell.measured.get("bleu_last")
+
+
+def _has_evidence(cell: SuiteCell, claim) -> bool:
+    """Whether a cell has what the claim reads: its record, and for a claim judged on the last
+    checkpoint's BLEU an ok cell also needs that measurement (a cell that diverged or stalled
+    has no BLEU to read)."""
+    if cell.record is None:
+        return False
+    reads_last = "bleu_last" in (claim.metric, claim.bleu_metric)
+    return not reads_last or cell.record["status"] != "ok" or _bleu_last(cell) is not None
 
 
 def curve_slope(curve: Sequence[Sequence[float]], span: int = 400) -> Optional[float]:
@@ -327,10 +347,12 @@ def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
         verdict = judge(claim, records)
         selected = [c for c in cells  # an empty selector {} picks every cell
                     if any(selector_matches(c.arm, sel) for sel in (claim.a, claim.b) if sel is not None)]
-        done = sum(c.record is not None for c in selected)
+        done = sum(_has_evidence(c, claim) for c in selected)
         if done < len(selected):
+            what = ("trained and measured on their last checkpoint"
+                    if "bleu_last" in (claim.metric, claim.bleu_metric) else "trained")
             verdict = Verdict(claim, "incomplete",
-                              f"{done} of {len(selected)} cells trained; so far: {verdict.measured}",
+                              f"{done} of {len(selected)} cells {what}; so far: {verdict.measured}",
                               {**verdict.details, "provisional_verdict": verdict.verdict})
         out.append(verdict)
     return out
@@ -375,7 +397,11 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
     rows = [[v.claim.id + (" †" if v.claim.added else ""), v.claim.text, v.measured, f"**{v.verdict}**"]
             for v in judged]
     lines += [markdown_table(["claim", "paper", "measured", "verdict"], rows) if rows else "(none)", ""]
-    lines += [f"† {v.claim.id}: {v.claim.added}" for v in judged if v.claim.added]
+    reasons: dict[str, list[str]] = {}  # claims added for one reason share its line
+    for v in judged:
+        if v.claim.added:
+            reasons.setdefault(v.claim.added, []).append(v.claim.id)
+    lines += [f"† {', '.join(ids)}: {reason}" for reason, ids in reasons.items()]
     if any(v.claim.added for v in judged):
         lines.append("")
     return "\n".join(lines)

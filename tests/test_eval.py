@@ -106,7 +106,7 @@ def test_training_with_valid_bleu_best_checkpoint_and_final_bleu(tmp_path):
     run = tmp_path / "run"
     cfg = compose(TINY + ["trainer.max_updates=20", "trainer.valid_interval=10",
                           "trainer.progress=false", "trainer.best_checkpoint_metric=bleu",
-                          "trainer.final_bleu=true", "trainer.eval_beam=2",
+                          "trainer.final_bleu=true", "trainer.final_bleu_last=true", "trainer.eval_beam=2",
                           "trainer.keep_checkpoints=2", "data.toy.valid_size=20",
                           "data.toy.test_size=20"])
     result = train(cfg, run)
@@ -122,6 +122,18 @@ def test_training_with_valid_bleu_best_checkpoint_and_final_bleu(tmp_path):
     test = on_disk["eval"]["test"]
     assert test["beam"] == 2 and test["max_len_a"] == 1.2 and test["sentences"] == 20
     assert test["checkpoints"] == ["checkpoint_10.pt", "checkpoint_20.pt"]
+    # final_bleu_last: the last checkpoint alone, scored beside the average into files of its own
+    last = on_disk["eval"]["test.last"]
+    assert last["checkpoints"] == ["checkpoint_last.pt"] and on_disk["bleu_last"] == last["bleu"]
+    assert on_disk["sacrebleu_last"] == last["sacrebleu"]
+    assert json.loads((run / "eval" / "test.json").read_text())["checkpoints"] == test["checkpoints"]
+    assert (run / "eval" / "test.last.hyp").is_file()
+    alone = evaluate_run(run, split="test", beam=2, max_len_a=1.2, max_len_b=10, max_tokens=cfg.data.max_tokens,
+                         checkpoint="checkpoint_last.pt", update_result=False, out_name="check",
+                         echo=lambda *_: None)
+    assert alone["bleu"] == on_disk["bleu_last"]
+    assert (run / "eval" / "check.hyp").read_text() == (run / "eval" / "test.last.hyp").read_text()
+    assert (run / "eval" / "check.hyp").read_text() != (run / "eval" / "test.hyp").read_text()
     record = evaluate_run(run, split="valid", beam=2, max_len_a=1.2, max_len_b=10,
                           checkpoint="checkpoint_best.pt", echo=lambda *_: None)
     assert record["checkpoints"] == ["checkpoint_best.pt"]
@@ -154,3 +166,12 @@ def test_eval_refuses_data_whose_vocabulary_changed(tmp_path):
     check_dictionaries(tmp_path, saved, saved)  # the same words: fine
     with pytest.raises(EvalError, match="vocabulary differs"):
         check_dictionaries(tmp_path, Dictionary(["a", "b", "c", "e"]), saved)
+
+
+def test_final_bleu_last_needs_final_bleu():
+    from runner.config import ConfigError
+    from runner.config.validate import validate
+
+    with pytest.raises(ConfigError, match="trainer.final_bleu_last=true .* set trainer.final_bleu=true too"):
+        validate(compose(TINY + ["trainer.final_bleu_last=true"]))
+    validate(compose(TINY + ["trainer.final_bleu=true", "trainer.final_bleu_last=true"]))

@@ -233,7 +233,26 @@ def test_fails_to_train_with_a_bleu_bar_is_the_complement():
     assert v.verdict == "not reproduced" and v.details["failed"] == 0
 
 
+def test_a_bleu_bar_on_the_last_checkpoint_reads_bleu_last_not_the_averaged_bleu():
+    # lipschitz, v1 with Lipschitz init at 12 layers, seed 1: 5.32 BLEU averaged, 15.75 last
+    records = [Record(arm=dict(POSTLN), seed=1, status="ok", metrics={"bleu": 5.32, "bleu_last": 15.75}),
+               Record(arm=dict(POSTLN), seed=2, status="ok", metrics={"bleu": 12.0, "bleu_last": 9.0})]
+    averaged = claim_from_dict({"id": "t", "text": "trains", "kind": "trains", "a": POSTLN, "min_bleu": 10})
+    last = claim_from_dict({"id": "t", "text": "trains", "kind": "trains", "a": POSTLN, "min_bleu": 10,
+                            "bleu_metric": "bleu_last"})
+    assert averaged.bleu_metric == "bleu" and last.bleu_metric == "bleu_last"
+    v_avg, v_last = judge(averaged, records[:1]), judge(last, records[:1])
+    assert (v_avg.verdict, v_last.verdict) == ("not reproduced", "reproduced")
+    assert "1 below 10 BLEU)" in v_avg.measured and "0 below 10 BLEU of the last checkpoint" in v_last.measured
+    # each reading counts its own cell below the bar
+    assert judge(averaged, records).details["below_bleu_bar"] == 1
+    assert judge(last, records).details["below_bleu_bar"] == 1
+    assert judge(last, records[1:]).verdict == "not reproduced"
+
+
 @pytest.mark.parametrize("extra, message", [
+    ({"kind": "trains", "bleu_metric": "bleu_last"}, "bleu_metric names the metric that min_bleu reads"),
+    ({"kind": "trains", "min_bleu": 10, "bleu_metric": "sacrebleu"}, "bleu_metric must be one of"),
     ({"kind": "diverges", "min_bleu": 10}, "min_bleu applies to kinds 'trains' and 'fails_to_train' only"),
     ({"kind": "trains", "min_bleu": "ten"}, "min_bleu must be a number from 0 to 100"),
     ({"kind": "trains", "min_bleu": 101}, "min_bleu must be a number from 0 to 100"),

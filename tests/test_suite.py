@@ -99,6 +99,55 @@ def test_transfer_panels_and_plot(tmp_path):
     assert suite.transfer_panels("reproduce_table2_real", suite.plan("reproduce_table2_real")) == {}
 
 
+def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(tmp_path, monkeypatch):
+    """A claim whose BLEU bar reads the last checkpoint (bleu_metric: bleu_last) takes the values
+    from last-checkpoint-bleu.jsonl beside the records, and reads incomplete while an ok cell of
+    its arm has no measurement; the claim on the averaged BLEU judges the records alone."""
+    import json as _json
+
+    from runner.records import Records
+
+    preset = suite.load_preset("reproduce_lipschitz_real")
+    arm = {"reproduce": "order_v1", "init": "lipschitz", "model.layers": 12}
+    preset = {**preset, "sweep": {**preset["sweep"], "claims": [
+        {"id": "avg", "text": "trains", "kind": "trains", "min_bleu": 10, "a": arm},
+        {"id": "last", "text": "trains", "kind": "trains", "min_bleu": 10, "bleu_metric": "bleu_last", "a": arm}]}}
+    monkeypatch.setattr(suite, "load_preset", lambda name: preset)
+    cells = [c for c in suite.plan("reproduce_lipschitz_real")
+             if c.arm == {"reproduce": "order_v1", "init": "lipschitz", "model.layers": "12"}]
+    assert len(cells) == 3
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    bleu = {1: (5.32, 15.75), 2: (6.0, 14.0), 3: (4.0, 12.5)}
+    with (tier / "records.jsonl").open("w") as f:
+        for c in cells:
+            f.write(_json.dumps({"overrides": c.key, "seed": c.seed, "status": "ok", "bleu": bleu[c.seed][0],
+                                 "sacrebleu": 1.0, "best_valid_loss": 3.7}) + "\n")
+    measured = [{"overrides": c.key, "seed": c.seed, "bleu_last": bleu[c.seed][1]} for c in cells]
+    (tier / "last-checkpoint-bleu.jsonl").write_text(_json.dumps(measured[0]) + "\n" + _json.dumps(measured[1]) + "\n")
+    suite.attach_records(cells, Records.load(tier))
+    by_id = {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}
+    assert by_id["avg"].verdict == "not reproduced"
+    assert by_id["last"].verdict == "incomplete"
+    assert by_id["last"].measured.startswith("2 of 3 cells trained and measured on their last checkpoint")
+    with (tier / "last-checkpoint-bleu.jsonl").open("a") as f:
+        f.write(_json.dumps(measured[2]) + "\n")
+    suite.attach_records(cells, Records.load(tier))
+    by_id = {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}
+    assert by_id["last"].verdict == "reproduced" and by_id["avg"].verdict == "not reproduced"
+    # a cell trained with trainer.final_bleu_last carries bleu_last in its record: no file needed
+    (tier / "last-checkpoint-bleu.jsonl").unlink()
+    suite.attach_records(cells, Records.load(tier))
+    assert {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}["last"].verdict == "incomplete"
+    for c in cells:
+        c.record = {**c.record, "bleu_last": bleu[c.seed][1]}
+    assert {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}["last"].verdict == "reproduced"
+    # saving the records writes the records alone: the measurements stay in their own file
+    records = Records.load(tier)
+    records.save()
+    assert all("bleu_last" not in _json.loads(line) for line in (tier / "records.jsonl").read_text().splitlines())
+
+
 def test_a_claim_added_later_is_marked_with_its_reason():
     cells = suite.plan("reproduce_table2_real")
     for cell in cells:

@@ -70,10 +70,11 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
                  average_last: int = 10, max_len_a: float = 0.0, max_len_b: int = 200,
                  max_tokens: int = 4096, batch_size: int = 128, device: str = "cpu",
                  update_result: bool = True, echo=print,
-                 checkpoint: Optional[str | Path] = None) -> dict:
-    """Decode and score one split of a run; writes RUN_DIR/eval/<split>.* and adds the scores
-    to result.json. Returns the eval record (also written to eval/<split>.json).
-    `checkpoint` (a file name in the run folder, or a path) replaces the averaging."""
+                 checkpoint: Optional[str | Path] = None, out_name: Optional[str] = None) -> dict:
+    """Decode and score one split of a run; writes RUN_DIR/eval/<out_name>.* (out_name defaults
+    to the split) and adds the scores to result.json. Returns the eval record (also written to
+    eval/<out_name>.json). `checkpoint` (a file name in the run folder, or a path) replaces the
+    averaging."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise EvalError(f"run folder not found: {run_dir}")
@@ -121,9 +122,10 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
 
     out = run_dir / "eval"
     out.mkdir(exist_ok=True)
-    for name, lines in ((f"{split}.hyp", hyp_text), (f"{split}.ref", ref_text),
-                        (f"{split}.detok.hyp", detokenize(hyp_text, lang)),
-                        (f"{split}.detok.ref",
+    stem = out_name or split
+    for name, lines in ((f"{stem}.hyp", hyp_text), (f"{stem}.ref", ref_text),
+                        (f"{stem}.detok.hyp", detokenize(hyp_text, lang)),
+                        (f"{stem}.detok.ref",
                          raw_refs if raw_refs is not None else detokenize(ref_text, lang))):
         tmp = out / f".{name}.tmp"
         tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -140,7 +142,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
         "decode_seconds": seconds, "sentences_per_s": len(hyp_text) / max(seconds, 1e-9),
         "device": str(dev),
     }
-    folder.write_json(out / f"{split}.json", record)
+    folder.write_json(out / f"{stem}.json", record)
     if update_result:
         result = folder.read_result(run_dir)
         if result is None:
@@ -174,13 +176,23 @@ def split_bleu(model, split: TokenizedSplit, references: Sequence[str], tgt_dict
 
 def final_scores(cfg: Config, run_dir: Path, device: torch.device | str = "cpu") -> dict:
     """trainer.final_bleu: the test split scored like `deepinit eval` (averaging the last
-    trainer.eval_average_last kept checkpoints), as result.json fields."""
+    trainer.eval_average_last kept checkpoints), as result.json fields. With
+    trainer.final_bleu_last and more than one checkpoint averaged, checkpoint_last.pt is also
+    scored alone (bleu_last, sacrebleu_last; its files are eval/<split>.last.*)."""
     t = cfg.trainer
-    record = evaluate_run(run_dir, split=cfg.data.test_split, beam=t.eval_beam,
-                          lenpen=t.eval_lenpen, average_last=t.eval_average_last,
-                          max_len_a=t.eval_max_len_a, max_len_b=t.eval_max_len_b,
-                          max_tokens=cfg.data.max_tokens, device=str(device),
-                          update_result=False)
-    return {"bleu": record["bleu"], "sacrebleu": record["sacrebleu"],
-            "sacrebleu_signature": record["sacrebleu_signature"],
-            "eval": {cfg.data.test_split: record}}
+    split = cfg.data.test_split
+
+    def score(**which) -> dict:
+        return evaluate_run(run_dir, split=split, beam=t.eval_beam, lenpen=t.eval_lenpen,
+                            average_last=t.eval_average_last, max_len_a=t.eval_max_len_a,
+                            max_len_b=t.eval_max_len_b, max_tokens=cfg.data.max_tokens,
+                            device=str(device), update_result=False, **which)
+
+    record = score()
+    out = {"bleu": record["bleu"], "sacrebleu": record["sacrebleu"],
+           "sacrebleu_signature": record["sacrebleu_signature"], "eval": {split: record}}
+    if t.final_bleu_last and record["averaged"] > 1:
+        last = score(checkpoint="checkpoint_last.pt", out_name=f"{split}.last")
+        out.update(bleu_last=last["bleu"], sacrebleu_last=last["sacrebleu"])
+        out["eval"][f"{split}.last"] = last
+    return out
