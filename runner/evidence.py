@@ -106,6 +106,9 @@ import numpy as np
 STATUSES = ("ok", "diverged", "stalled", "failed")
 KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "more_failed", "same_best")
 TWO_ARM_KINDS = ("better", "more_diverged", "more_failed")
+METRIC_KINDS = ("better", "same_best")  # the kinds that compare `metric`
+# what a claim's `metric` can name: the metrics each Record carries (runner/suite.py)
+METRICS = ("bleu", "sacrebleu", "best_valid_loss", "bleu_last")
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
 
 # Fixed for every verdict: changing them after the runs would be choosing the answer.
@@ -351,6 +354,8 @@ def claim_from_dict(d: Mapping) -> Claim:
         raise ValueError(f"claim {d['id']!r}: bleu_metric names the metric that min_bleu reads; set min_bleu too")
     if bleu_metric not in BLEU_METRICS:
         raise ValueError(f"claim {d['id']!r}: bleu_metric must be one of {list(BLEU_METRICS)}, got {bleu_metric!r}")
+    if str(d.get("metric", "bleu")) not in METRICS:
+        raise ValueError(f"claim {d['id']!r}: metric must be one of {list(METRICS)}, got {d.get('metric')!r}")
     higher = d.get("higher_is_better", True)
     if not isinstance(higher, bool):
         raise ValueError(f"claim {d['id']!r}: higher_is_better must be true or false, got {higher!r}")

@@ -69,9 +69,13 @@ class Records:
     @classmethod
     def load(cls, directory: Path) -> "Records":
         path = Path(directory) / "records.jsonl"
+        by_key = _jsonl_by_key(path)
+        # a measurement belongs to the record it was taken beside: same cell, same averaged BLEU
+        # (a cell trained again since then has another record, and the old number is dropped)
         measured = {key: {"bleu_last": entry["bleu_last"]}
-                    for key, entry in _jsonl_by_key(Path(directory) / LAST_CHECKPOINT_FILE).items()}
-        return cls(path, _jsonl_by_key(path), measured)
+                    for key, entry in _jsonl_by_key(Path(directory) / LAST_CHECKPOINT_FILE).items()
+                    if key in by_key and entry.get("bleu_averaged") == by_key[key].get("bleu")}
+        return cls(path, by_key, measured)
 
     def get(self, overrides: Sequence[str]) -> Optional[dict]:
         return self.by_key.get(cell_key(overrides))

@@ -25,7 +25,17 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from runner.console import console
-from runner.evidence import Record, Summary, Verdict, claim_from_dict, judge, numeric_order, selector_matches, summarize
+from runner.evidence import (
+    METRIC_KINDS,
+    Record,
+    Summary,
+    Verdict,
+    claim_from_dict,
+    judge,
+    numeric_order,
+    selector_matches,
+    summarize,
+)
 from runner.records import Records, cell_key, record_from_run, results_root
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
@@ -272,14 +282,19 @@ def _bleu_last(cell: SuiteCell) -> Optional[float]:
     return value if value is not None else cell.measured.get("bleu_last")
 
 
+def _reads_bleu_last(claim) -> bool:
+    return claim.bleu_metric == "bleu_last" or (claim.kind in METRIC_KINDS and claim.metric == "bleu_last")
+
+
 def _has_evidence(cell: SuiteCell, claim) -> bool:
     """Whether a cell has what the claim reads: its record, and for a claim judged on the last
-    checkpoint's BLEU an ok cell also needs that measurement (a cell that diverged or stalled
-    has no BLEU to read)."""
+    checkpoint's BLEU an ok cell also needs that number (a cell that diverged or stalled has no
+    BLEU to read, nor has one whose final scoring failed: both count as they do for BLEU)."""
     if cell.record is None:
         return False
-    reads_last = "bleu_last" in (claim.metric, claim.bleu_metric)
-    return not reads_last or cell.record["status"] != "ok" or _bleu_last(cell) is not None
+    if not _reads_bleu_last(claim) or cell.record["status"] != "ok" or cell.record.get("bleu") is None:
+        return True
+    return _bleu_last(cell) is not None
 
 
 def curve_slope(curve: Sequence[Sequence[float]], span: int = 400) -> Optional[float]:
@@ -349,8 +364,7 @@ def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
                     if any(selector_matches(c.arm, sel) for sel in (claim.a, claim.b) if sel is not None)]
         done = sum(_has_evidence(c, claim) for c in selected)
         if done < len(selected):
-            what = ("trained and measured on their last checkpoint"
-                    if "bleu_last" in (claim.metric, claim.bleu_metric) else "trained")
+            what = "trained and measured on their last checkpoint" if _reads_bleu_last(claim) else "trained"
             verdict = Verdict(claim, "incomplete",
                               f"{done} of {len(selected)} cells {what}; so far: {verdict.measured}",
                               {**verdict.details, "provisional_verdict": verdict.verdict})

@@ -175,3 +175,38 @@ def test_final_bleu_last_needs_final_bleu():
     with pytest.raises(ConfigError, match="trainer.final_bleu_last=true .* set trainer.final_bleu=true too"):
         validate(compose(TINY + ["trainer.final_bleu_last=true"]))
     validate(compose(TINY + ["trainer.final_bleu=true", "trainer.final_bleu_last=true"]))
+
+
+def test_final_bleu_last_with_one_checkpoint_and_when_its_decode_fails(tmp_path):
+    """Scoring checkpoint_last.pt alone already (eval_average_last=1): bleu_last is that score,
+    without a second decode. A failing second decode leaves the averaged score in place."""
+    import shutil
+
+    from runner.run.evaluate import final_scores
+
+    run = tmp_path / "run"
+    cfg = compose(TINY + ["trainer.max_updates=20", "trainer.save_interval=10", "trainer.valid_interval=10",
+                          "trainer.progress=false", "trainer.eval_beam=1", "trainer.keep_checkpoints=2",
+                          "data.toy.test_size=20"])
+    train(cfg, run)
+    cfg.trainer.final_bleu, cfg.trainer.final_bleu_last, cfg.trainer.eval_average_last = True, True, 1
+    one = final_scores(cfg, run)
+    assert one["eval"]["test"]["checkpoints"] == ["checkpoint_last.pt"] and "test.last" not in one["eval"]
+    assert one["bleu_last"] == one["bleu"] and one["sacrebleu_last"] == one["sacrebleu"]
+    cfg.trainer.eval_average_last = 2
+    (run / "checkpoint_last.pt").unlink()  # the numbered ones average; the last one cannot load
+    shutil.copy(run / "dict.src.txt", run / "checkpoint_last.pt")
+    broken = final_scores(cfg, run)
+    assert broken["eval"]["test"]["checkpoints"] == ["checkpoint_10.pt", "checkpoint_20.pt"]
+    assert broken["bleu"] is not None and "bleu_last" not in broken
+    assert broken["bleu_last_error"].startswith("EvalError")
+
+
+def test_a_score_filed_under_its_own_name_leaves_the_headline_numbers(run_dir):
+    before = json.loads((run_dir / "result.json").read_text())
+    record = evaluate_run(run_dir, beam=1, max_len_a=1.2, max_len_b=10, checkpoint="checkpoint_last.pt",
+                          out_name="test.alone", echo=lambda *_: None)
+    after = json.loads((run_dir / "result.json").read_text())
+    assert after["eval"]["test.alone"]["bleu"] == record["bleu"]
+    assert after.get("bleu") == before.get("bleu") and after["eval"].get("test") == before.get("eval", {}).get("test")
+    assert (run_dir / "eval" / "test.alone.hyp").is_file()

@@ -253,6 +253,7 @@ def test_a_bleu_bar_on_the_last_checkpoint_reads_bleu_last_not_the_averaged_bleu
 @pytest.mark.parametrize("extra, message", [
     ({"kind": "trains", "bleu_metric": "bleu_last"}, "bleu_metric names the metric that min_bleu reads"),
     ({"kind": "trains", "min_bleu": 10, "bleu_metric": "sacrebleu"}, "bleu_metric must be one of"),
+    ({"kind": "better", "b": {"method": "x"}, "metric": "sacrebleu_last"}, "metric must be one of"),
     ({"kind": "diverges", "min_bleu": 10}, "min_bleu applies to kinds 'trains' and 'fails_to_train' only"),
     ({"kind": "trains", "min_bleu": "ten"}, "min_bleu must be a number from 0 to 100"),
     ({"kind": "trains", "min_bleu": 101}, "min_bleu must be a number from 0 to 100"),

@@ -123,7 +123,8 @@ def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(t
         for c in cells:
             f.write(_json.dumps({"overrides": c.key, "seed": c.seed, "status": "ok", "bleu": bleu[c.seed][0],
                                  "sacrebleu": 1.0, "best_valid_loss": 3.7}) + "\n")
-    measured = [{"overrides": c.key, "seed": c.seed, "bleu_last": bleu[c.seed][1]} for c in cells]
+    measured = [{"overrides": c.key, "seed": c.seed, "bleu_averaged": bleu[c.seed][0], "bleu_last": bleu[c.seed][1]}
+                for c in cells]
     (tier / "last-checkpoint-bleu.jsonl").write_text(_json.dumps(measured[0]) + "\n" + _json.dumps(measured[1]) + "\n")
     suite.attach_records(cells, Records.load(tier))
     by_id = {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}
@@ -135,6 +136,12 @@ def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(t
     suite.attach_records(cells, Records.load(tier))
     by_id = {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}
     assert by_id["last"].verdict == "reproduced" and by_id["avg"].verdict == "not reproduced"
+    # a measurement taken beside another record of the cell (retrained since) is not used
+    stale = dict(measured[2], bleu_averaged=7.0)
+    (tier / "last-checkpoint-bleu.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in (*measured[:2], stale)))
+    suite.attach_records(cells, Records.load(tier))
+    assert {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}["last"].verdict == "incomplete"
+    (tier / "last-checkpoint-bleu.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in measured))
     # a cell trained with trainer.final_bleu_last carries bleu_last in its record: no file needed
     (tier / "last-checkpoint-bleu.jsonl").unlink()
     suite.attach_records(cells, Records.load(tier))
