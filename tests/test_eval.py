@@ -168,15 +168,6 @@ def test_eval_refuses_data_whose_vocabulary_changed(tmp_path):
         check_dictionaries(tmp_path, Dictionary(["a", "b", "c", "e"]), saved)
 
 
-def test_final_bleu_last_needs_final_bleu():
-    from runner.config import ConfigError
-    from runner.config.validate import validate
-
-    with pytest.raises(ConfigError, match="trainer.final_bleu_last=true .* set trainer.final_bleu=true too"):
-        validate(compose(TINY + ["trainer.final_bleu_last=true"]))
-    validate(compose(TINY + ["trainer.final_bleu=true", "trainer.final_bleu_last=true"]))
-
-
 def test_final_bleu_last_with_one_checkpoint_and_when_its_decode_fails(tmp_path):
     """Scoring checkpoint_last.pt alone already (eval_average_last=1): bleu_last is that score,
     without a second decode. A failing second decode leaves the averaged score in place."""

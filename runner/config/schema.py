@@ -278,8 +278,9 @@ class TrainerConfig:
     eval_max_len_a: float = 1.2
     eval_max_len_b: int = 10
     eval_average_last: int = 10  # final_bleu: average the last K kept numbered checkpoints
-    # final_bleu with averaging: also score checkpoint_last.pt alone (bleu_last in result.json),
-    # to see what the average gains or costs where the curve has not flattened
+    # with final_bleu (without it, nothing is scored and this does nothing): also score
+    # checkpoint_last.pt alone (bleu_last in result.json), to see what the average of the last
+    # checkpoints gains or costs where the curve has not flattened
     final_bleu_last: bool = False
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
 

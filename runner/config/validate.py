@@ -101,9 +101,6 @@ def validate(cfg: Any) -> None:
                 "trainer.telemetry_interval"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)}: expected a value >= 0")
-    if trainer.final_bleu_last and not trainer.final_bleu:
-        raise ConfigError("trainer.final_bleu_last=true scores the last checkpoint beside the final "
-                          "BLEU: set trainer.final_bleu=true too")
     if trainer.save_interval % trainer.log_interval:
         raise ConfigError(
             f"trainer.save_interval={trainer.save_interval} must be a multiple of "
