@@ -214,6 +214,7 @@ def test_real_tier_records_reuse_and_report(tmp_path):
         assert r["valid_curve"] and "+sweep=reproduce_table2_real" in r["overrides"]
         if r["status"] == "ok":
             assert r["bleu"] is not None and r["best_valid_loss"] is not None
+            assert r["bleu_last"] is not None  # the preset's trainer.final_bleu_last
     report = (tmp_path / "results" / "table2" / "real" / "report.md").read_text()
     assert "method=pre_ln warmup.updates=0" in report and "post_ln_no_warmup_fails" in report
     # claims on arms this shrunken plan trains get a verdict; those on arms it lacks are "not run"
