@@ -235,6 +235,9 @@ class _Pool:
 
 
 # ----------------------------------------------------------------------------- the report
+BLEU_LAST_NOTE = ("BLEU last ckpt: the tokenized BLEU of each ok seed's last checkpoint alone "
+                  "(trainer.final_bleu_last, or measured afterwards: last-checkpoint-bleu.jsonl), beside "
+                  "BLEU (tok) of the last 5 checkpoints averaged; '-' unless every ok seed of the arm has it.")
 SLOPE_NOTE = ("slope: change of the validation loss per 1,000 updates over each run's last 400 updates (mean "
               "over the arm's ok seeds); near 0 when the curve has flattened.")
 
@@ -318,23 +321,47 @@ def arms_of(cells: Sequence[SuiteCell]) -> dict[tuple, list[SuiteCell]]:
 
 # the columns arm_row gives, after the arm's name and before the training minutes
 ARM_COLUMNS = ("seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU", "best valid loss", "slope")
+BLEU_LAST_COLUMN = "BLEU last ckpt"  # after "BLEU (tok)", in a table where some cell has bleu_last
 
 
-def arm_row(members: Sequence[SuiteCell], gpu: bool = False) -> list[str]:
+def arm_columns(last: bool = False) -> tuple[str, ...]:
+    """ARM_COLUMNS, with the last checkpoint's BLEU after the averaged one when `last`."""
+    i = ARM_COLUMNS.index("BLEU (tok)") + 1
+    return ARM_COLUMNS[:i] + ((BLEU_LAST_COLUMN,) if last else ()) + ARM_COLUMNS[i:]
+
+
+def _arm_bleu_last(members: Sequence[SuiteCell]) -> Optional[list[float]]:
+    """The last checkpoint's BLEU of each ok seed of an arm, or None unless every ok seed has it
+    (a mean over some of the seeds would not compare with the averaged BLEU beside it)."""
+    ok = [c for c in members if c.record is not None and c.record["status"] == "ok"]
+    values = [_bleu_last(c) for c in ok]
+    if not ok or any(v is None for v in values):
+        return None
+    return [v for v in values if math.isfinite(v)]
+
+
+def has_bleu_last(cells: Sequence[SuiteCell]) -> bool:
+    """Whether some arm of these cells has the last checkpoint's BLEU of every ok seed."""
+    return any(_arm_bleu_last(members) is not None for members in arms_of(cells).values())
+
+
+def arm_row(members: Sequence[SuiteCell], gpu: bool = False, last: bool = False) -> list[str]:
     """One arm's columns after its name: seeds with a record / planned, diverged, stalled, BLEU,
-    sacreBLEU, best validation loss, curve slope, minutes of training; `gpu` adds the seconds per
-    update and the peak GPU memory."""
+    (with `last`, the last checkpoint's BLEU), sacreBLEU, best validation loss, curve slope,
+    minutes of training; `gpu` adds the seconds per update and the peak GPU memory."""
     done = [c.record for c in members if c.record is not None]
     ok = [r for r in done if r["status"] == "ok"]
 
     def values(key: str, ok_only: bool = True) -> list[float]:
         return _finite_values(done, key, ok_only)
 
+    bleu_last = _arm_bleu_last(members)
     return [
         f"{len(done)}/{len(members)}",
         str(sum(r["status"] == "diverged" for r in done)),
         str(sum(r["status"] == "stalled" for r in done)),
         _summary_text(summarize(values("bleu")), ".2f"),
+        *(("-" if bleu_last is None else _summary_text(summarize(bleu_last), ".2f"),) if last else ()),
         _summary_text(summarize(values("sacrebleu")), ".2f"),
         _summary_text(summarize(values("best_valid_loss")), ".3f"),
         _fmt(_mean([curve_slope(r.get("valid_curve") or []) for r in ok]), "+.3f"),
@@ -344,9 +371,10 @@ def arm_row(members: Sequence[SuiteCell], gpu: bool = False) -> list[str]:
     ]
 
 
-def arm_rows(cells: Sequence[SuiteCell], gpu: bool = False) -> list[list[str]]:
-    """One row per arm; `gpu` adds the seconds per update and the peak GPU memory."""
-    return [[" ".join(f"{k}={v}" for k, v in arm), *arm_row(members, gpu)]
+def arm_rows(cells: Sequence[SuiteCell], gpu: bool = False, last: bool = False) -> list[list[str]]:
+    """One row per arm; `gpu` adds the seconds per update and the peak GPU memory, `last` the
+    last checkpoint's BLEU."""
+    return [[" ".join(f"{k}={v}" for k, v in arm), *arm_row(members, gpu, last)]
             for arm, members in arms_of(cells).items()]
 
 
@@ -384,14 +412,16 @@ def provenance(records: Sequence[dict]) -> str:
 def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
     done = [c.record for c in cells if c.record is not None]
     gpu = tier == "gpu"
-    header = ["arm", *ARM_COLUMNS, "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
+    last = has_bleu_last(cells)
+    header = ["arm", *arm_columns(last), "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
     lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
              f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
              "Each arm: mean ± std over seeds [95% bootstrap CI of the mean]; diverged and "
              "stalled seeds are counted apart and left out of the means.", "",
              provenance(done), "",
-             markdown_table(header, arm_rows(cells, gpu)), "",
+             markdown_table(header, arm_rows(cells, gpu, last)), "",
              SLOPE_NOTE, "",
+             *([BLEU_LAST_NOTE, ""] if last else []),
              *(["s/update: training seconds per update; peak MiB: the CUDA allocator's peak of "
                 "the cell's process (means over the arm's trained seeds, whatever their status).",
                 ""] if gpu else []),
@@ -437,7 +467,8 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
     then by mean BLEU (arms without a record last)."""
     done = [c.record for _, parts in sections for part in parts for c in part.cells if c.record is not None]
     planned = sum(len(part.cells) for _, parts in sections for part in parts)
-    header = ["arm", "suite", *ARM_COLUMNS, "CPU min"]
+    last = any(has_bleu_last(part.cells) for _, parts in sections for part in parts)
+    header = ["arm", "suite", *arm_columns(last), "CPU min"]
     lines = [f"# {title}", "", intro, "",
              f"{len(done)} of {planned} cells trained. Each arm: mean ± std over seeds [95% bootstrap CI of "
              "the mean]; diverged and stalled seeds are counted apart and left out of the means. Rows: "
@@ -454,13 +485,13 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
                 failed = sum(r["status"] in ("diverged", "stalled") for r in records)
                 bleu = _mean(_finite_values(records, "bleu"))
                 order = (failed / len(records), -bleu if bleu is not None else math.inf) if records else (2.0, 0.0)
-                rows.append((order, [name, part.suite, *arm_row(members)]))
+                rows.append((order, [name, part.suite, *arm_row(members, last=last)]))
                 if part.note:
                     notes.append(f"- {name} ({part.suite}): {part.note}")
         rows.sort(key=lambda row: row[0])  # stable: arms without a record keep their order, last
         lines += [f"## {heading}", "", markdown_table(header, [row for _, row in rows]), "", *notes,
                   *([""] if notes else [])]
-    lines += [SLOPE_NOTE, ""]
+    lines += [SLOPE_NOTE, "", *([BLEU_LAST_NOTE, ""] if last else [])]
     return "\n".join(lines)
 
 

@@ -155,6 +155,31 @@ def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(t
     assert all("bleu_last" not in _json.loads(line) for line in (tier / "records.jsonl").read_text().splitlines())
 
 
+def test_the_last_checkpoint_bleu_column_appears_for_arms_whose_ok_seeds_all_have_it():
+    cells = suite.plan("reproduce_table2_real")
+    pre = [c for c in cells if c.arm == {"method": "pre_ln", "warmup.updates": "0"}]
+    admin = [c for c in cells if c.arm == {"method": "admin", "warmup.updates": "0"}]
+    for c, last in zip(pre, (30.0, 32.0, 34.0)):
+        c.record = {"status": "ok", "bleu": last - 2, "bleu_last": last, "best_valid_loss": 3.2}
+    for c, last in zip(admin, (31.0, None, None)):  # one seed measured of three
+        c.record = {"status": "ok", "bleu": 29.0, "bleu_last": last, "best_valid_loss": 3.3}
+    report = suite.render("table2", "Table 2", "reproduce_table2_real", cells)
+    header = next(line for line in report.splitlines() if line.startswith("| arm"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert cols[cols.index("BLEU (tok)") + 1] == "BLEU last ckpt"
+    row = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+           for line in report.splitlines() if line.startswith("| method=")}
+    i = cols.index("BLEU last ckpt")
+    assert row["method=pre_ln warmup.updates=0"][i].startswith("32.00 ± 2.00")
+    assert row["method=pre_ln warmup.updates=0"][i - 1].startswith("30.00 ± 2.00")
+    assert row["method=admin warmup.updates=0"][i] == "-"
+    assert "BLEU last ckpt: the tokenized BLEU" in report
+    for c in pre:
+        c.record = {k: v for k, v in c.record.items() if k != "bleu_last"}
+    without = suite.render("table2", "Table 2", "reproduce_table2_real", cells)  # only a partial arm: no column
+    assert "BLEU last ckpt" not in without
+
+
 def test_a_claim_added_later_is_marked_with_its_reason():
     cells = suite.plan("reproduce_table2_real")
     for cell in cells:
