@@ -44,7 +44,8 @@ Decision rules (`judge`)
        a stalled one. A preset sets it for its setting, before any cell of the claim's arm runs.
        `bleu_metric` (with `min_bleu`; default "bleu", the record's BLEU of the averaged
        checkpoints) names the metric the bar reads: "bleu_last" is the BLEU of the cell's last
-       checkpoint alone, measured on its run folder after training.
+       checkpoint alone (scored at the end of training with trainer.final_bleu_last, or
+       measured on its run folder afterwards).
 
     "more_diverged" (A diverges in more of its cells than B; for grids where A and B each select
        many cells): cells are paired by the arm axes other than those a selector fixes to one

@@ -178,8 +178,8 @@ def split_bleu(model, split: TokenizedSplit, references: Sequence[str], tgt_dict
 def final_scores(cfg: Config, run_dir: Path, device: torch.device | str = "cpu") -> dict:
     """trainer.final_bleu: the test split scored like `deepinit eval` (averaging the last
     trainer.eval_average_last kept checkpoints), as result.json fields. With
-    trainer.final_bleu_last and more than one checkpoint averaged, checkpoint_last.pt is also
-    scored alone (bleu_last, sacrebleu_last; its files are eval/<split>.last.*)."""
+    trainer.final_bleu_last, checkpoint_last.pt is also scored alone (bleu_last, sacrebleu_last;
+    its files are eval/<split>.last.*), unless it was the one checkpoint scored already."""
     t = cfg.trainer
     split = cfg.data.test_split
 
