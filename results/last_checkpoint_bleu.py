@@ -25,24 +25,20 @@ from pathlib import Path
 
 import torch
 
+from runner.records import LAST_CHECKPOINT_FILE, Records, cell_key, results_root
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import environment
+from runner.sweep.plan import canonical
 
-REPO = Path(__file__).resolve().parent.parent
 CHECK_TOLERANCE = 0.01  # BLEU points: the re-decoded average must give the record's score
 
 
-def folder_overrides(cell: Path) -> set[str]:
+def matching_record(records: Records, cell: Path, result: dict) -> dict | None:
+    """The record of a run folder: the one keyed by its result-changing overrides (as the suites
+    key them), if it scored the same BLEU."""
     lines = (cell / ".hydra" / "overrides.yaml").read_text().splitlines()
-    return {line[2:].strip() for line in lines if line.startswith("- ")}
-
-
-def matching_record(records: list[dict], cell: Path, result: dict) -> dict | None:
-    overrides = folder_overrides(cell)
-    for record in records:
-        if set(record["overrides"]) <= overrides and record.get("bleu") == result.get("bleu"):
-            return record
-    return None
+    record = records.get(sorted(canonical([line[2:].strip() for line in lines if line.startswith("- ")])))
+    return record if record is not None and record.get("bleu") == result.get("bleu") else None
 
 
 def decode(cell: Path, names: list[str], settings: dict) -> dict:
@@ -60,11 +56,10 @@ def decode(cell: Path, names: list[str], settings: dict) -> dict:
 
 def main(target: str, suite_dir: Path) -> int:
     torch.set_num_threads(1)
-    tier = REPO / "results" / target / "real"
-    records = [json.loads(line) for line in (tier / "records.jsonl").read_text().splitlines()]
-    out = tier / "last-checkpoint-bleu.jsonl"
-    done = {(tuple(r["overrides"]), r["seed"]) for r in
-            map(json.loads, out.read_text().splitlines())} if out.exists() else set()
+    tier = results_root() / target / "real"
+    records = Records.load(tier)
+    out = tier / LAST_CHECKPOINT_FILE
+    done = {cell_key(json.loads(line)["overrides"]) for line in out.read_text().splitlines()} if out.exists() else set()
     env = environment(torch.device("cpu"), "fp32")
     measured_with = {key: env[key] for key in ("device_name", "torch", "deepinit", "git_commit")}
     for cell in sorted(p for p in suite_dir.iterdir() if (p / "result.json").is_file()):
@@ -72,7 +67,7 @@ def main(target: str, suite_dir: Path) -> int:
         record = matching_record(records, cell, result)
         if record is None or result.get("status") != "ok" or "test" not in result.get("eval", {}):
             continue
-        if (tuple(record["overrides"]), record["seed"]) in done:
+        if cell_key(record["overrides"]) in done:
             continue
         settings = result["eval"]["test"]
         averaged = decode(cell, settings["checkpoints"], settings)

@@ -58,13 +58,13 @@ def _jsonl_by_key(path: Path) -> dict[str, dict]:
 
 @dataclass
 class Records:
-    """The records of one target and tier, keyed by cell_key, and what was measured on their run
-    folders afterwards (`measured`: the BLEU of each cell's last checkpoint, where taken). Only
+    """The records of one target and tier, keyed by cell_key, and the BLEU of each cell's last
+    checkpoint where it was measured on the run folder afterwards (`bleu_last`, same keys). Only
     the records are ever written back."""
 
     path: Path
     by_key: dict[str, dict]
-    measured: dict[str, dict] = field(default_factory=dict)
+    bleu_last: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def load(cls, directory: Path) -> "Records":
@@ -72,10 +72,10 @@ class Records:
         by_key = _jsonl_by_key(path)
         # a measurement belongs to the record it was taken beside: same cell, same averaged BLEU
         # (a cell trained again since then has another record, and the old number is dropped)
-        measured = {key: {"bleu_last": entry["bleu_last"]}
-                    for key, entry in _jsonl_by_key(Path(directory) / LAST_CHECKPOINT_FILE).items()
-                    if key in by_key and entry.get("bleu_averaged") == by_key[key].get("bleu")}
-        return cls(path, by_key, measured)
+        bleu_last = {key: entry["bleu_last"]
+                     for key, entry in _jsonl_by_key(Path(directory) / LAST_CHECKPOINT_FILE).items()
+                     if key in by_key and entry.get("bleu_averaged") == by_key[key].get("bleu")}
+        return cls(path, by_key, bleu_last)
 
     def get(self, overrides: Sequence[str]) -> Optional[dict]:
         return self.by_key.get(cell_key(overrides))

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -52,7 +52,7 @@ class SuiteCell:
     arm: dict[str, str]  # the axes other than the seed
     seed: int
     record: Optional[dict] = None
-    measured: dict = field(default_factory=dict)  # measured on the run folder after training (bleu_last)
+    bleu_last_measured: Optional[float] = None  # the last checkpoint's BLEU, measured on the run folder afterwards
 
     @property
     def name(self) -> str:
@@ -88,7 +88,7 @@ def results_dir(target: str, tier: str = "real") -> Path:
 def attach_records(cells: Sequence[SuiteCell], records: Records) -> None:
     for cell in cells:
         cell.record = records.get(cell.key)
-        cell.measured = records.measured.get(cell_key(cell.key), {})
+        cell.bleu_last_measured = records.bleu_last.get(cell_key(cell.key))
 
 
 # ----------------------------------------------------------------------------- running
@@ -282,7 +282,7 @@ def _bleu_last(cell: SuiteCell) -> Optional[float]:
     """The BLEU of the cell's last checkpoint: in its record (trainer.final_bleu_last), or
     measured on its run folder afterwards (last-checkpoint-bleu.jsonl)."""
     value = (cell.record or {}).get("bleu_last")
-    return value if value is not None else cell.measured.get("bleu_last")
+    return value if value is not None else cell.bleu_last_measured
 
 
 def _reads_bleu_last(claim) -> bool:
