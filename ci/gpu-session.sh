@@ -8,7 +8,7 @@
 #   bash ci/gpu-session.sh table2 [SECONDS] [overrides]       reproduce table2 --scale gpu
 #   bash ci/gpu-session.sh depth  [SECONDS] [overrides]       reproduce tfixup-depth --scale gpu
 #
-# SECONDS (default 540) bounds the step: at the limit the step gets SIGINT, so a reproduce step
+# SECONDS (default 540) bounds the step: at the limit the step gets SIGINT (SIGKILL 15 s later), so a reproduce step
 # stops its cells with a checkpoint and the same command resumes them. The reproduce steps keep
 # their records in results/<target>/gpu/ of this checkout and copy them to $OUT. Environment:
 #   PARALLEL=N            cells sharing the GPU in the reproduce steps (default 1)
@@ -45,7 +45,7 @@ python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || command -
 
 case "$step" in
   tests)
-    timeout -s INT "$limit" "$python" -m pytest -m cuda -v -rs tests/test_cuda.py \
+    timeout -k 15 -s INT "$limit" "$python" -m pytest -m cuda -v -rs tests/test_cuda.py \
       --junitxml "$out/cuda-tests.xml" "$@" 2>&1 | tee "$out/cuda-tests.log"
     ;;
   bench)
@@ -63,7 +63,7 @@ case "$step" in
         entries=(--depths --presets "$preset" --compile "${COMPILE:-both}" --reference --reps "${REPS:-3}")
       fi
       # a failed call does not stop the next one; the step's status is the last failure's
-      timeout -s INT "$left" "$python" -m runner.cli bench "${entries[@]}" --out "$out/bench-$preset.json" \
+      timeout -k 15 -s INT "$left" "$python" -m runner.cli bench "${entries[@]}" --out "$out/bench-$preset.json" \
         "$@" 2>&1 | tee -a "$out/bench.log" || rc=$?
     done
     exit "$rc"
@@ -71,7 +71,7 @@ case "$step" in
   table2|depth)
     target=$([ "$step" = table2 ] && echo table2 || echo tfixup-depth)
     rc=0
-    timeout -s INT "$limit" "$python" -m runner.cli reproduce "$target" --scale gpu \
+    timeout -k 15 -s INT "$limit" "$python" -m runner.cli reproduce "$target" --scale gpu \
       --parallel "${PARALLEL:-1}" --out outputs/reproduce "$@" 2>&1 | tee "$out/$target.log" || rc=$?
     records="${DEEPINIT_RESULTS:-results}/$target/gpu"
     if [ -d "$records" ]; then cp -r "$records" "$out/$target-gpu"; fi
