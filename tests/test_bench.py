@@ -404,5 +404,33 @@ def test_sigint_during_a_bench_exits_130_with_one_line(tmp_path, started_with_si
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err
-    assert err.strip().splitlines()[-1] == "deepinit bench: interrupted; the entries of this call are not written"
-    assert not (tmp_path / "b.json").exists()
+    out = tmp_path / "b.json"
+    assert err.strip().splitlines()[-1] == f"deepinit bench: interrupted; the 0 finished entries are in {out}"
+    report = json.loads(out.read_text())
+    assert report["interrupted"] is True and report["entries"] == []
+
+
+def test_an_interrupted_bench_keeps_the_entries_that_finished(tmp_path, monkeypatch, capsys):
+    """A time limit that cuts a GPU call short must not lose the entries measured before it: the
+    report is written after each entry and once more at the interrupt."""
+    import runner.bench as bench
+
+    calls = []
+
+    def one_entry_then_interrupt(entry, work, compose, kind="deepinit"):
+        calls.append(entry.name)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return {"name": entry.name, "group": entry.group, "status": "failed", "error": "stand-in"}
+
+    monkeypatch.setattr(bench, "run_isolated", one_entry_then_interrupt)
+    out = tmp_path / "b.json"
+    code = main_bench(["--presets", "tiny", "ci", "--device", "cpu", "--threads", "1", "--depths",
+                       "--out", str(out), "--work", str(tmp_path / "work")])
+    assert code == 130 and calls == ["tiny", "ci"]
+    report = json.loads(out.read_text())
+    assert report["interrupted"] is True
+    assert [e["name"] for e in report["entries"]] == ["tiny"]
+    assert out.with_suffix(".md").exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"deepinit bench: interrupted; the 1 finished entries are in {out}")

@@ -1062,32 +1062,23 @@ def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> 
     console.print(f"peak: {report['peak']['gflops']:,.0f} GFLOP/s {report['peak']['dtype']} "
                   f"({report['peak']['source']}); load average {os.getloadavg()[0]:.2f}")
 
-    if args.peer:
-        report["peer"] = peer_comparison(args, work, report["peak"], compose)
-    else:
-        for entry in plan_entries(args):
-            if entry.profile:  # next to the JSON: <stem>.<entry>.profile.txt and .trace.json
-                entry = replace(entry, profile_stem=str(out_path.resolve().with_suffix("")) + f".{entry.name}")
-            if args.reference and entry.group == "preset":
-                ours, refs = reference_comparison(entry, args, work, compose)
-                report.setdefault("reference", {})[entry.name] = summarize_reference(ours, refs, report["peak"])
-                for run in ours[1:] + refs:
-                    if run["status"] == "failed":
-                        console.print(f"[red]{entry.name} ({run.get('kind', 'deepinit')}) failed[/]:\n{run['error']}")
-                result = ours[0]  # the preset table's entry: the run that also decoded
-            else:
-                console.print(f"[bold]bench[/] {entry.name}: {entry.warmup} warm-up + "
-                              f"{entry.windows} x {entry.steps} timed updates ...")
-                result = run_isolated(entry, work, compose)
-            if result["status"] == "failed":
-                console.print(f"[red]{entry.name} failed[/]:\n{result['error']}")
-            report["entries"].append(result)
+    interrupted = False
+    try:
+        if args.peer:
+            report["peer"] = peer_comparison(args, work, report["peak"], compose)
+        else:
+            run_entries(args, report, out_path, work, compose)
+    except KeyboardInterrupt:  # Ctrl-C or a time limit's SIGINT: keep the entries that finished
+        interrupted = True
+        report["interrupted"] = True
     report["machine"]["loadavg_end"] = os.getloadavg()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out_path, report, indent=1)
-    out_path.with_suffix(".md").write_text(markdown_tables(report) + "\n")
+    write_report(out_path, report)
     print_tables(report)
     console.print(f"JSON: {out_path} (Markdown tables: {out_path.with_suffix('.md')})")
+    if interrupted:
+        sys.stderr.write(f"deepinit bench: interrupted; the {len(report['entries'])} finished "
+                         f"entries are in {out_path}\n")
+        return 130
     failed = [e["name"] for e in report["entries"] if e["status"] == "failed"]
     for row in (report.get("peer") or {}).values():
         failed += [f"deepinit {row['peer_config']}" for r in row["deepinit_runs"] if r["status"] == "failed"]
@@ -1096,5 +1087,37 @@ def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> 
         failed += [f"{name} {r.get('kind', 'deepinit')}" for r in row["deepinit_runs"][1:] + row["reference_runs"]
                    if r["status"] == "failed"]
     return 1 if failed else 0
+
+
+def run_entries(args, report: dict, out_path: Path, work: Path,
+                compose: Callable[[list[str]], Config]) -> None:
+    """Every planned entry in turn, into report["entries"] (and report["reference"]); the report
+    is written after each entry, so a call cut short keeps the entries that finished."""
+    for entry in plan_entries(args):
+        if entry.profile:  # next to the JSON: <stem>.<entry>.profile.txt and .trace.json
+            entry = replace(entry, profile_stem=str(out_path.resolve().with_suffix("")) + f".{entry.name}")
+        if args.reference and entry.group == "preset":
+            ours, refs = reference_comparison(entry, args, work, compose)
+            report.setdefault("reference", {})[entry.name] = summarize_reference(ours, refs, report["peak"])
+            for run in ours[1:] + refs:
+                if run["status"] == "failed":
+                    console.print(f"[red]{entry.name} ({run.get('kind', 'deepinit')}) failed[/]:\n{run['error']}")
+            result = ours[0]  # the preset table's entry: the run that also decoded
+        else:
+            console.print(f"[bold]bench[/] {entry.name}: {entry.warmup} warm-up + "
+                          f"{entry.windows} x {entry.steps} timed updates ...")
+            result = run_isolated(entry, work, compose)
+        if result["status"] == "failed":
+            console.print(f"[red]{entry.name} failed[/]:\n{result['error']}")
+        report["entries"].append(result)
+        write_report(out_path, report)
+
+
+def write_report(out_path: Path, report: dict) -> None:
+    """The JSON and its Markdown tables beside it."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out_path, report, indent=1)
+    out_path.with_suffix(".md").write_text(markdown_tables(report) + "\n")
+
 
 

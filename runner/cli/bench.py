@@ -66,6 +66,6 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
         return bench.run_bench(args, argv, compose)
-    except KeyboardInterrupt:  # Ctrl-C or a time limit's SIGINT: one line, no traceback
-        sys.stderr.write("deepinit bench: interrupted; the entries of this call are not written\n")
+    except KeyboardInterrupt:  # before the first entry (run_bench keeps finished ones): one line
+        sys.stderr.write("deepinit bench: interrupted before any entry finished; nothing written\n")
         return 130

@@ -74,10 +74,12 @@ def _as_tuple(obj):
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    # .cpu(): torch takes RNG states as CPU byte tensors, and a checkpoint loaded with
+    # map_location=cuda brings them onto the GPU
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate(_as_tuple(state["python"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 @dataclass
