@@ -99,14 +99,29 @@ def test_residual_scales_written_in_place_take_effect():
     model.eval()
     sub = next(model.sublayers()).module
     assert not sub.omega.requires_grad and not sub.alpha.requires_grad
+    ones = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(3, 5, model.cfg.dim)
     h = sub.branch(x)
     assert torch.equal(sub(x), sub.post_norm(torch.addcmul(h * sub.alpha, x, sub.omega)))
+    assert sub._unit  # the plain add was taken
     with torch.no_grad():
         sub.omega.fill_(0.5)
         sub.alpha.fill_(2.0)
     torch.testing.assert_close(sub(x), sub.post_norm(0.5 * x + 2.0 * h))
     assert not torch.allclose(sub(x), sub.post_norm(x + h), atol=1e-3)
+    assert not sub._unit
+    # the answer is kept between calls, so a checkpoint's in-place copy and a move to new
+    # storage must each be seen
+    model.load_state_dict(ones)
+    assert torch.equal(sub(x), sub.post_norm(x + h)) and sub._unit
+    with torch.no_grad():
+        sub.omega.fill_(0.5)
+    sub(x)
+    model.double()
+    with torch.no_grad():
+        sub.omega.fill_(1.0)  # in place on the new storage: version 1 again, as before the move
+    xd = x.double()
+    assert torch.equal(sub(xd), sub.post_norm(xd + sub.branch(xd))) and sub._unit
 
 
 def test_state_dict_keys_do_not_depend_on_residual_trainability():
