@@ -40,7 +40,9 @@ if [ -f .whl/device-env.sh ]; then . .whl/device-env.sh; fi
 export DEEPINIT_DATA_ROOT=${DEEPINIT_DATA_ROOT:-$PWD/.gpudata}
 export COLUMNS=${COLUMNS:-160}  # rich tables in the logs at full width
 python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3)}
+# the commit, and how many tracked files differ from it: a copied checkout may carry an older .git
 { date -u +"%Y-%m-%dT%H:%M:%SZ"; git rev-parse HEAD 2>/dev/null || true
+  echo "tracked files changed since that commit: $(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
   nvidia-smi 2>&1 || echo "nvidia-smi: not available"; } > "$out/machine-$step.txt"
 
 case "$step" in

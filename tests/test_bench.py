@@ -362,6 +362,38 @@ def test_profile_records_the_updates_after_the_timed_windows(tmp_path, capsys):
     assert "| ci | aten::" in out.with_suffix(".md").read_text()
 
 
+def test_cuda_profile_summary_counts_gpu_time_once():
+    """On CUDA, torch.profiler lists each kernel beside the operator that launched it (both
+    carrying its GPU time) and gives the step annotation the device time of its whole span. The
+    summary's total is the kernels' time alone and the ranking is of operators, so shares add up
+    to at most 1. Events shaped like those of the H200 profile of the base preset (ms over 5
+    updates)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from runner.bench.profile import top_operators
+
+    def event(key, device_type, device_ms, cpu_total_ms=0.0, count=5):
+        return SimpleNamespace(key=key, device_type=device_type, count=count, self_device_time_total=device_ms * 1e3,
+                               self_cpu_time_total=0.0, cpu_time_total=cpu_total_ms * 1e3)
+
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    averages = [event("ProfilerStep*", cpu, 378.661, cpu_total_ms=380.0),
+                event("aten::mm", cpu, 25.833, count=735), event("nvjet_sm90_tst_256x128", gpu, 25.833, count=735),
+                event("aten::_cudnn_attention_backward", cpu, 19.379, count=90),
+                event("cudnn_generated_flash_bprop", gpu, 19.379, count=90),
+                event("aten::copy_", cpu, 16.690, count=2090), event("elementwise_kernel", gpu, 16.690, count=2090)]
+    summary = top_operators(averages, "self_device_time_total", 5)
+    assert summary["self_ms_per_update"] == pytest.approx((25.833 + 19.379 + 16.690) / 5)
+    assert summary["device_busy_ms_per_update"] == summary["self_ms_per_update"]
+    assert summary["step_ms_per_update"] == pytest.approx(76.0)
+    names = [op["name"] for op in summary["top"]]
+    assert names == ["aten::mm", "aten::_cudnn_attention_backward", "aten::copy_"]
+    assert summary["top"][0]["share"] == pytest.approx(25.833 / (25.833 + 19.379 + 16.690))
+    assert sum(op["share"] for op in summary["top"]) == pytest.approx(1.0)
+
+
 def test_profile_rejects_comparisons_and_negative_counts(capsys):
     assert main_bench(["--quick", "--profile", "2", "--reference"]) == 2
     assert main_bench(["--quick", "--profile", "-1"]) == 2

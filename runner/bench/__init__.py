@@ -887,9 +887,18 @@ def print_tables(report: dict) -> None:
         for row in profiled:
             t.add_row(*row)
         console.print(t)
-        console.print("self time: in the operator itself, not in the operators it calls (the GPU's "
-                      "time on CUDA); share: of all operators' self time. Full tables and traces: "
+        console.print("self time: in the operator itself, not in the operators it calls (on CUDA: the "
+                      "GPU time of the kernels it launched); share: of all operators' self time (on "
+                      "CUDA: of the GPU's busy time)." + _gpu_busy_line(report) + " Full tables and traces: "
                       + ", ".join(e["profile"]["table"] for e in report["entries"] if e.get("profile")))
+
+
+def _gpu_busy_line(report: dict) -> str:
+    """' GPU busy X of Y ms per profiled update (entry)' for the entries profiled on CUDA."""
+    parts = [f"{e['name']}: {p['device_busy_ms_per_update']:,.1f} of {p['step_ms_per_update']:,.1f} ms"
+             for e in report["entries"] if (p := e.get("profile") or {}).get("step_ms_per_update")]
+    return (" GPU busy per profiled update (profiler overhead included in the span): "
+            + "; ".join(parts) + ".") if parts else ""
 
 
 PROFILE_ROWS = 5  # operators per profiled entry in the printed and Markdown tables

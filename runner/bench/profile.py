@@ -14,7 +14,7 @@ from runner.train.loop import Callback
 
 TABLE_ROWS = 30  # rows of the written operator table
 TOP_ROWS = 10  # operators kept in the bench JSON
-# The step annotation's own time is the update's time spent outside every operator.
+# On the CPU, the step annotation's own time is the update's time spent outside every operator.
 OUTSIDE = "(outside operators: Python, batching, the loop)"
 
 
@@ -59,11 +59,29 @@ class OperatorProfile(Callback):
 
 
 def top_operators(averages, sort_key: str, updates: int) -> dict[str, Any]:
-    """The operators with the most self time, per update, with their share of the total self
-    time of all operators (which on the CPU is the profiled wall time spent in operators)."""
-    total_us = sum(getattr(e, sort_key) for e in averages)
-    ranked = sorted(averages, key=lambda e: getattr(e, sort_key), reverse=True)[:TOP_ROWS]
+    """The operators with the most self time, per update, with their share of the total.
+
+    On the CPU the total is every operator's self CPU time (the profiled wall time spent in
+    operators), and the step annotation's own time is the update's time outside them. On CUDA
+    the total is the GPU's busy time, the sum over its kernels; the operators are ranked by the
+    GPU time of the kernels they launched (kernel rows would count that time twice, and the step
+    annotation's device time is its span, not work), and `step_ms_per_update` is the profiled
+    update's CPU span, beside `device_busy_ms_per_update`: their gap is time the GPU waited."""
+    if sort_key == "self_device_time_total":
+        from torch.autograd import DeviceType  # noqa: PLC0415
+
+        kernels = [e for e in averages if e.device_type != DeviceType.CPU]
+        step = [e for e in averages if e.key.startswith("ProfilerStep")]
+        operators = [e for e in averages if e.device_type == DeviceType.CPU and not e.key.startswith("ProfilerStep")]
+        total_us = sum(e.self_device_time_total for e in kernels)
+        extra = {"device_busy_ms_per_update": total_us / 1e3 / updates,
+                 "step_ms_per_update": (sum(e.cpu_time_total for e in step) / 1e3 / updates) if step else None}
+    else:
+        operators, extra = list(averages), {}
+        total_us = sum(getattr(e, sort_key) for e in averages)
+    ranked = sorted(operators, key=lambda e: getattr(e, sort_key), reverse=True)[:TOP_ROWS]
     return {"updates": updates, "sort_by": sort_key, "self_ms_per_update": total_us / 1e3 / updates,
+            **extra,
             "top": [{"name": OUTSIDE if e.key.startswith("ProfilerStep") else e.key,
                      "calls_per_update": e.count / updates,
                      "self_ms_per_update": getattr(e, sort_key) / 1e3 / updates,
