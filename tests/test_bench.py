@@ -374,12 +374,18 @@ def test_cuda_profile_summary_counts_gpu_time_once():
 
     from runner.bench.profile import top_operators
 
-    def event(key, device_type, device_ms, cpu_total_ms=0.0, count=5):
+    def event(key, device_type, device_ms, cpu_total_ms=0.0, count=5, annotation=False):
         return SimpleNamespace(key=key, device_type=device_type, count=count, self_device_time_total=device_ms * 1e3,
-                               self_cpu_time_total=0.0, cpu_time_total=cpu_total_ms * 1e3)
+                               self_cpu_time_total=0.0, cpu_time_total=cpu_total_ms * 1e3,
+                               is_user_annotation=annotation)
 
     cpu, gpu = DeviceType.CPU, DeviceType.CUDA
-    averages = [event("ProfilerStep*", cpu, 378.661, cpu_total_ms=380.0),
+    # an annotation (the step, Optimizer.step) has a CPU row and a GPU row, the latter with the
+    # device time of its span (the H200 table: ProfilerStep* 378.661 ms, Optimizer.step 3.126 ms)
+    averages = [event("ProfilerStep*", cpu, 0.0, cpu_total_ms=380.0, annotation=True),
+                event("ProfilerStep*", gpu, 378.661, annotation=True),
+                event("Optimizer.step#AdamW.step", cpu, 0.0, cpu_total_ms=4.0, annotation=True),
+                event("Optimizer.step#AdamW.step", gpu, 3.126, annotation=True),
                 event("aten::mm", cpu, 25.833, count=735), event("nvjet_sm90_tst_256x128", gpu, 25.833, count=735),
                 event("aten::_cudnn_attention_backward", cpu, 19.379, count=90),
                 event("cudnn_generated_flash_bprop", gpu, 19.379, count=90),

@@ -64,15 +64,18 @@ def top_operators(averages, sort_key: str, updates: int) -> dict[str, Any]:
     On the CPU the total is every operator's self CPU time (the profiled wall time spent in
     operators), and the step annotation's own time is the update's time outside them. On CUDA
     the total is the GPU's busy time, the sum over its kernels; the operators are ranked by the
-    GPU time of the kernels they launched (kernel rows would count that time twice, and the step
-    annotation's device time is its span, not work), and `step_ms_per_update` is the profiled
+    GPU time of the kernels they launched (kernel rows would count that time twice, and the
+    annotations' device time is their span, not work), and `step_ms_per_update` is the profiled
     update's CPU span, beside `device_busy_ms_per_update`: their gap is time the GPU waited."""
     if sort_key == "self_device_time_total":
         from torch.autograd import DeviceType  # noqa: PLC0415
 
-        kernels = [e for e in averages if e.device_type != DeviceType.CPU]
+        # as torch.profiler's own table totals it: device events, less the GPU-side copies of
+        # user annotations (the step, Optimizer.step), whose device time is their span
+        kernels = [e for e in averages if e.device_type != DeviceType.CPU and not e.is_user_annotation]
         step = [e for e in averages if e.key.startswith("ProfilerStep")]
-        operators = [e for e in averages if e.device_type == DeviceType.CPU and not e.key.startswith("ProfilerStep")]
+        operators = [e for e in averages if e.device_type == DeviceType.CPU and not e.is_user_annotation
+                     and not e.key.startswith("ProfilerStep")]
         total_us = sum(e.self_device_time_total for e in kernels)
         extra = {"device_busy_ms_per_update": total_us / 1e3 / updates,
                  "step_ms_per_update": (sum(e.cpu_time_total for e in step) / 1e3 / updates) if step else None}

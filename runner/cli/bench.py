@@ -66,6 +66,6 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
         return bench.run_bench(args, argv, compose)
-    except KeyboardInterrupt:  # before the first entry (run_bench keeps finished ones): one line
-        sys.stderr.write("deepinit bench: interrupted before any entry finished; nothing written\n")
+    except KeyboardInterrupt:  # outside the entries (run_bench keeps the finished ones): one line
+        sys.stderr.write("deepinit bench: interrupted\n")
         return 130

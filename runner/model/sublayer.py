@@ -187,7 +187,8 @@ class Sublayer(nn.Module):
         key = (self.omega._version, self.alpha._version, self.omega.data_ptr(), self.alpha.data_ptr(),
                self.omega.device, self.alpha.device)
         if key != self._unit_key:
-            self._unit = bool((self.omega == 1).all()) and bool((self.alpha == 1).all())
+            # one host sync (a rezero ramp writes alpha every update until it reaches 1)
+            self._unit = bool(torch.logical_and((self.omega == 1).all(), (self.alpha == 1).all()))
             self._unit_key = key
         return self._unit
 
