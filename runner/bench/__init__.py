@@ -1127,6 +1127,3 @@ def write_report(out_path: Path, report: dict) -> None:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     write_json(out_path, report, indent=1)
     out_path.with_suffix(".md").write_text(markdown_tables(report) + "\n")
-
-
-
