@@ -38,6 +38,7 @@ from runner.config import Config, ModelConfig, TrainerConfig
 from runner.evidence import selector_matches
 from runner.records import Records, results_root
 from runner.run.evaluate import evaluate_run
+from runner.run.folder import wait_interruptibly
 from runner.sweep.cells import signal_of
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
@@ -1121,7 +1122,7 @@ def run(args) -> int:
                   f"{part.preset} ...", flush=True)
             proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd())
             try:
-                proc.wait()
+                wait_interruptibly(proc)
             except BaseException as exc:  # stop the sweep's launcher, which stops its cells
                 # A Ctrl-C in the terminal reached the launcher too, and it is already stopping
                 # them (within its stop_grace_s of 10 s); a SIGTERM (`kill PID`) reached only

@@ -74,3 +74,31 @@ def test_an_ignored_signal_stays_ignored_and_a_stale_temporary_file_goes(tmp_pat
     finally:
         signal.signal(signal.SIGINT, previous)
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_a_signal_taken_by_another_thread_still_interrupts_a_wait_for_a_child():
+    """The kernel may hand a process's SIGINT to any thread (torch's, a load probe's); Python
+    then raises KeyboardInterrupt in the main thread only when it runs Python code again. A main
+    thread blocked in one long wait for a child saw it only when the child ended: `deepinit bench`
+    hung after a time limit's SIGINT. wait_interruptibly wakes every poll_s."""
+    import subprocess
+    import threading
+    import time
+
+    from runner.run.folder import wait_interruptibly
+
+    child = subprocess.Popen(["sleep", "30"])
+
+    def interrupt_this_thread():
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    started = time.monotonic()
+    threading.Thread(target=interrupt_this_thread).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wait_interruptibly(child, poll_s=0.2)
+        assert time.monotonic() - started < 5
+    finally:
+        child.kill()
+        child.wait()

@@ -36,6 +36,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
+
+# loaded now, not on first use: numpy imports it lazily, and a SIGINT that lands inside that
+# first import (its Cython module init) is lost, so a bench stopped then would run on
+import numpy.random  # noqa: F401
 import torch
 from rich.table import Table
 
@@ -47,7 +51,7 @@ from runner.data.corpus import default_corpus_dir
 from runner.data.dataset import TokenizedSplit
 from runner.decode.search import decode_throughput
 from runner.run.build import build_run
-from runner.run.folder import cpu_name, write_json
+from runner.run.folder import cpu_name, wait_interruptibly, write_json
 from runner.train.loop import Callback, Trainer
 
 REPO = Path(__file__).resolve().parent.parent.parent  # runner/bench/__init__.py -> the repository
@@ -608,10 +612,15 @@ def run_isolated(entry: Entry, work: Path, compose: Callable[[list[str]], Config
     if entry.threads:
         env.update(OMP_NUM_THREADS=str(entry.threads), MKL_NUM_THREADS=str(entry.threads))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "runner.bench", str(spec), str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True)
-    if proc.returncode != 0 or not out.is_file():
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+    with subprocess.Popen([sys.executable, "-m", "runner.bench", str(spec), str(out)], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            stdout, stderr = wait_interruptibly(child)
+        except BaseException:  # Ctrl-C, a time limit: the entry's process goes with this one
+            child.kill()
+            raise
+    if child.returncode != 0 or not out.is_file():
+        tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
         failed = {"name": entry.name, "group": entry.group, "status": "failed", "error": tail}
         return failed if kind == "deepinit" else {**failed, "kind": kind}
     result = json.loads(out.read_text())
@@ -627,19 +636,24 @@ def run_peer(config: str, args, decode: bool) -> dict:
            "RETRIES": "0"}
     t0 = time.perf_counter()
     with LoadProbe() as probe:
-        proc = subprocess.run(["bash", str(args.peer_tools / "peer_train_bench.sh"), config],
-                              env=env, capture_output=True, text=True)
-    out: dict[str, Any] = {"config": config, "returncode": proc.returncode,
+        with subprocess.Popen(["bash", str(args.peer_tools / "peer_train_bench.sh"), config], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+            try:
+                stdout, stderr = wait_interruptibly(child)
+            except BaseException:
+                child.kill()
+                raise
+    out: dict[str, Any] = {"config": config, "returncode": child.returncode,
                            "wall_s": time.perf_counter() - t0, "load": probe.as_dict(),
-                           "stderr_tail": proc.stderr.strip().splitlines()[-6:]}
+                           "stderr_tail": stderr.strip().splitlines()[-6:]}
     # "<name>_decode_beam5: runs sentences/s = ..; generated tokens/s median X; N tokens; ..."
-    for line in proc.stderr.splitlines():
+    for line in stderr.splitlines():
         m = re.search(r"_decode_beam(\d): .*generated tokens/s median ([\d.]+); (\d+) tokens", line)
         if m:
             key = "beam5" if m.group(1) == "5" else "greedy"
             out[f"{key}_tokens_per_s"] = float(m.group(2))
             out[f"{key}_tokens"] = int(m.group(3))
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         name, _, value = line.partition(" ")
         key, _, number = value.partition("=")
         try:

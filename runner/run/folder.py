@@ -86,6 +86,18 @@ def signals_held(signums: Optional[Sequence[int]] = None) -> Iterator[None]:
         _raise_each(list(dict.fromkeys(held)))
 
 
+def wait_interruptibly(proc: subprocess.Popen, poll_s: float = 0.5) -> tuple[Any, Any]:
+    """proc.communicate(), in slices of poll_s seconds. A signal sent to this process can be
+    delivered to any of its threads (torch's, a load probe's); Python then runs the handler in
+    the main thread only once that thread runs Python code again, so a main thread blocked in
+    one long wait would not see a Ctrl-C or a time limit's SIGINT until the child ended."""
+    while True:
+        try:
+            return proc.communicate(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
     """Write to a temporary file in the same folder, fsync, then rename: a kill at any moment
     leaves either the old checkpoint or the new one, never a torn file; SIGINT/SIGTERM meanwhile
