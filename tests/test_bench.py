@@ -158,6 +158,21 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert drop(x) is x
 
 
+
+def test_cpu_dropout_under_torch_compile_is_one_graph():
+    """The CPU mask's in-place draw on a reinterpreted view breaks dynamo's graph; each break in
+    a sublayer's dropout made dynamo recompile Sublayer.forward until its recompile limit, and
+    the compiled model fell back to eager. Under compile the dropout is torch's (fused by
+    Inductor)."""
+    import torch._dynamo
+
+    from runner.model.dropout import Dropout
+
+    drop = Dropout(0.3)
+    explained = torch._dynamo.explain(lambda x: drop(x) * 2)(torch.randn(8, 16))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
 # ----------------------------------------------------------------------------- --reference
 @pytest.fixture(scope="module")
 def with_reference(tmp_path_factory):

@@ -6,7 +6,8 @@ torch.profiler). Here one 64-bit draw gives three 16-bit uniforms, so an element
 probability round(p * 65536) / 65536 (within 7.7e-6 of p) and kept ones are scaled by the exact
 inverse of that keep rate, so the expectation is unchanged. Masks still come from torch's seeded
 CPU generator (reproducible, checkpointed).
-CUDA uses torch's own fused dropout (Philox), which is already cheap.
+CUDA uses torch's own fused dropout (Philox), which is already cheap, and so does a model under
+torch.compile, whose generated code fuses its own.
 """
 from __future__ import annotations
 
@@ -59,7 +60,10 @@ class _MaskedScale(torch.autograd.Function):
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0 or round(p * _LEVELS) == 0:
+    # torch.compile: the in-place draw on a reinterpreted view breaks the graph; Inductor
+    # generates its own fused dropout, which is what a compiled model wants anyway
+    if (x.device.type != "cpu" or p >= 1.0 or round(p * _LEVELS) == 0
+            or torch.compiler.is_compiling()):
         return F.dropout(x, p, True)
     return _MaskedScale.apply(x, p)
 
