@@ -36,7 +36,7 @@ from runner import suite
 from runner.bench import CUDA_BF16_PEAK_TFLOPS, train_flops
 from runner.config import Config, ModelConfig, TrainerConfig
 from runner.evidence import selector_matches
-from runner.records import Records, results_root
+from runner.records import Records, cell_key, results_root
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import wait_interruptibly
 from runner.sweep.cells import signal_of
@@ -895,8 +895,16 @@ def run_real(target: Target, args, tier: str = "real") -> int:
     if args.dry_run:
         return 0
 
+    # Part of the suite (overrides that only pick among the preset's own cells): the report is
+    # still the whole suite's, so it never shrinks to the part that ran; other overrides make
+    # other cells, and the report is theirs.
+    whole = real_suite(target, (), tier).cells if args.overrides else cells
+    planned = {cell_key(c.key) for c in whole}
+    shown = whole if all(cell_key(c.key) in planned for c in cells) else cells
+
     def report(_group: str = "") -> Path:
-        path = suite.write_report(target.name, target.title, part.preset, cells, tier)
+        suite.attach_records(shown, records)
+        path = suite.write_report(target.name, target.title, part.preset, shown, tier)
         if tier == "real" and feeds_all_schemes(target.name):
             refresh_all_schemes()
         return path

@@ -68,12 +68,20 @@ def plan(preset: str, extra: Sequence[str] = ()) -> list[SuiteCell]:
     lists (each a {axis: value} selector). Extra overrides that change no result (e.g.
     trainer.device=cpu) reach every cell's command but not its key."""
     cells, fixed = plan_cells(preset, extra)
+    spec = load_preset(preset)
     exclude = [{k: str(v) for k, v in sel.items()}
-               for sel in (load_preset(preset).get("sweep") or {}).get("exclude") or []]
+               for sel in (spec.get("sweep") or {}).get("exclude") or []]
+    # A preset axis that the command line fixes to one value (`model.layers=6`, to run part of a
+    # suite) stays in the arm: the record then names its arm as the whole suite's plan does, and
+    # the preset's exclusions and claims still see it.
+    preset_axes = [norm_key(k) for k in ((spec.get("hydra") or {}).get("sweeper") or {}).get("params") or {}]
+    pinned = {norm_key(k): v for k, _, v in (o.partition("=") for o in fixed) if norm_key(k) in preset_axes}
     out = []
     for axes in cells:
         overrides = [f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items()), *fixed, *run_only(extra)]
-        clean = {norm_key(k): v for k, v in axes.items()}
+        swept = {norm_key(k): v for k, v in axes.items()}
+        clean = {k: swept.get(k, pinned.get(k)) for k in preset_axes if k in swept or k in pinned}
+        clean.update((k, v) for k, v in swept.items() if k not in clean)  # axes the command line added
         if any(all(clean.get(k) == v for k, v in sel.items()) for sel in exclude):
             continue
         seed = int(clean.pop(SEED_AXIS, 1))

@@ -31,6 +31,24 @@ def test_a_partial_suite_reads_incomplete():
     assert by_id["pre_ln_no_warmup_trains"].verdict == "incomplete"  # 0 of 3
 
 
+def test_part_of_a_suite_keeps_the_whole_arm_the_seed_and_the_exclusions():
+    """Fixing a preset axis on the command line (to train part of a suite) leaves it in the arm,
+    so the record names its arm as the full plan does; a fixed seed is the cell's seed; and an
+    arm the preset excludes stays excluded when the command line pins it."""
+    full = {(tuple(c.arm.items()), c.seed): c.key for c in suite.plan("reproduce_table2_gpu")}
+    part = suite.plan("reproduce_table2_gpu", ["model.layers=6", "method=admin,post_ln",
+                                               "warmup.updates=0", "trainer.seed=2"])
+    assert [(c.arm, c.seed) for c in part] == [
+        ({"method": "admin", "model.layers": "6", "warmup.updates": "0"}, 2),
+        ({"method": "post_ln", "model.layers": "6", "warmup.updates": "0"}, 2)]
+    assert all(full[(tuple(c.arm.items()), c.seed)] == c.key for c in part)  # same identity
+    assert suite.plan("reproduce_table2_gpu", ["method=tfixup", "warmup.updates=1000"]) == []
+    # an axis the command line adds is part of the arm too
+    added = suite.plan("reproduce_table2_real", ["method=pre_ln", "optim.lr=1e-3,2e-3"])
+    assert {c.arm["optim.lr"] for c in added} == {"0.001", "0.002"}
+    assert all(c.arm["method"] == "pre_ln" and "warmup.updates" in c.arm for c in added)
+
+
 def test_a_claim_on_every_cell_reads_incomplete_until_every_cell_has_a_record(monkeypatch):
     # An empty selector picks every cell: one missing record anywhere keeps it incomplete.
     preset = suite.load_preset("reproduce_table2_real")
@@ -252,6 +270,30 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     assert (tmp_path / "results" / "table2" / "real" / "report.md").read_text() == report
 
 
+def test_a_report_after_part_of_a_suite_is_the_whole_suites(tmp_path):
+    """Overrides that pick some of the preset's own cells (here for --table-only, which trains
+    nothing) still give the report of the whole suite from its records; overrides that make
+    other cells report those cells."""
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(REPO / "results" / "table2" / "real", results / "table2" / "real")
+    env = {**os.environ, "DEEPINIT_RESULTS": str(results)}
+    report = results / "table2" / "real" / "report.md"
+
+    def table(*overrides: str) -> str:
+        proc = run_cli(["reproduce", "table2", "--scale", "real", "--table-only", "--out",
+                        str(tmp_path / "out"), *overrides], cwd=REPO, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return report.read_text()
+
+    whole = table()
+    assert "21 of 21 cells trained" in whole
+    assert table("method=pre_ln", "trainer.seed=2") == whole
+    other = table("method=pre_ln", "optim.lr=2e-3")  # cells the preset does not have
+    assert "0 of 6 cells trained" in other and "| method=post_ln" not in other
+
+
 def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_path):
     """SCALE=gpu is the same suite with its own preset and records folder; here on CPU
     (trainer.device=cpu, the override that lets it run without a GPU), shrunk like above."""
@@ -274,7 +316,7 @@ def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_pa
     header = next(line for line in report.splitlines() if line.startswith("| arm"))
     assert header.split("|")[-4:-1] == [" GPU min ", " s/update ", " peak MiB "]
     lines = report.splitlines()
-    row = lines[lines.index(header) + 2]  # the one arm (model.layers=2 is fixed, not an axis)
+    row = lines[lines.index(header) + 2]  # the one arm (model.layers=2 pins the preset's axis)
     assert row.split("|")[-3].strip() == f"{record['seconds_per_update']:.3f}"
 
 
