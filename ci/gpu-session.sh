@@ -10,13 +10,17 @@
 #
 # SECONDS (default 540) bounds the step: at the limit the step gets SIGINT (SIGKILL 15 s later), so a reproduce step
 # stops its cells with a checkpoint and the same command resumes them. The reproduce steps keep
-# their records in results/<target>/gpu/ of this checkout and copy them to $OUT. Environment:
+# their records in results/<target>/gpu/ of this checkout (a variant's, made by overrides that
+# change the preset's cells, beside its run folders in $RUNS/<target>-gpu/) and copy them to $OUT.
+# Environment:
 #   PARALLEL=N            cells sharing the GPU in the reproduce steps (default 1)
 #   PRESETS, REPS         the bench step's entries, one call and one JSON each (default "base
 #                         small big base-18 depth"; depth: the depth-scaling entries alone, eager)
 #                         and alternating runs per side (default 3)
 #   DEPTHS, COMPILE       the depth entries' layers per stack (default "6 50 100 200") and the
 #                         presets' --compile (default both: eager and compiled)
+#   RUNS                  the reproduce steps' run folders (default outputs/reproduce)
+#   DEEPINIT_RESULTS      the records' root (default results of this checkout)
 #   DEEPINIT_DATA_ROOT    the folder holding multi30k/ (default .gpudata of this checkout)
 #   PYTHON                the interpreter (default .venv/bin/python when there is one, else python3)
 #   BUNDLE=NAME           write the step's files to a scratch folder and pack them, at the end or
@@ -74,9 +78,16 @@ case "$step" in
     target=$([ "$step" = table2 ] && echo table2 || echo tfixup-depth)
     rc=0
     timeout -k 15 -s INT "$limit" "$python" -m runner.cli reproduce "$target" --scale gpu \
-      --parallel "${PARALLEL:-1}" --out outputs/reproduce "$@" 2>&1 | tee "$out/$target.log" || rc=$?
+      --parallel "${PARALLEL:-1}" --out "${RUNS:-outputs/reproduce}" "$@" 2>&1 | tee "$out/$target.log" || rc=$?
     records="${DEEPINIT_RESULTS:-results}/$target/gpu"
     if [ -d "$records" ]; then cp -r "$records" "$out/$target-gpu"; fi
+    # overrides that change the preset's cells (a variant) keep its records beside the run folders
+    variant="${RUNS:-outputs/reproduce}/$target-gpu"
+    if [ -f "$variant/records.jsonl" ]; then
+      mkdir -p "$out/$target-gpu-variant"
+      cp "$variant"/records.jsonl "$variant"/report.md "$out/$target-gpu-variant/"
+      cp "$variant"/*.png "$out/$target-gpu-variant/" 2>/dev/null || true
+    fi
     exit "$rc"
     ;;
   *)

@@ -857,10 +857,13 @@ class RealSuite:
         return suite.seed_major(self.cells)
 
 
-def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real") -> RealSuite:
+def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real",
+               records_dir: Optional[Path] = None) -> RealSuite:
+    """The suite's cells (with `overrides`) and the records they have in `records_dir`
+    (default: results/<target>/<tier>/)."""
     part = target.parts[tier][0]
     cells = suite.plan(part.preset, list(overrides))
-    records = Records.load(suite.results_dir(target.name, tier))
+    records = Records.load(records_dir or suite.results_dir(target.name, tier))
     suite.attach_records(cells, records)
     key = "gpu_minutes_per_cell" if tier == "gpu" else "cpu_minutes_per_cell"
     minutes = float((load_preset(part.preset).get("sweep") or {}).get(key) or 0)
@@ -879,12 +882,22 @@ def run_real(target: Target, args, tier: str = "real") -> int:
               f"(torch {torch.__version__}); use --scale real on a CPU", file=sys.stderr)
         return 2
     parallel = args.parallel or (1 if gpu else os.cpu_count() or 1)
-    real = real_suite(target, args.overrides, tier)
-    part, cells, records, todo, minutes = real.part, real.cells, real.records, real.todo, real.minutes
     work = sweep_dir_for(args.out.resolve(), target.name, tier)
+    # Overrides that only pick among the preset's own cells (part of the suite) keep the suite's
+    # records and report in results/, and the report stays the whole suite's. Overrides that make
+    # other cells (another lr, other data) are a variant: its records and report go beside its
+    # run folders, so results/ only ever holds the preset's own cells.
+    whole = real_suite(target, (), tier)
+    own = {cell_key(c.key) for c in whole.cells}
+    variant = not all(cell_key(c.key) in own for c in suite.plan(whole.part.preset, list(args.overrides)))
+    real = real_suite(target, args.overrides, tier, records_dir=work if variant else None)
+    part, cells, records, todo, minutes = real.part, real.cells, real.records, real.todo, real.minutes
+    shown = cells if variant else whole.cells
     print(f"reproduce-{target.name} (real data{', GPU' if gpu else ''}): {target.title}")
+    where = (f"{work} (overrides that change the preset's cells: a variant, kept out of results/)"
+             if variant else suite.results_dir(target.name, tier))
     print(f"preset sweeps/{part.preset}.yaml: {len(cells)} cells, {len(cells) - len(todo)} with a "
-          f"record in {suite.results_dir(target.name, tier)}; run folders in {work}")
+          f"record in {where}; run folders in {work}")
     for c in cells:
         print(f"  {c.label}   [{c.record['status'] if c.record else 'to train'}]")
     if minutes:
@@ -895,17 +908,11 @@ def run_real(target: Target, args, tier: str = "real") -> int:
     if args.dry_run:
         return 0
 
-    # Part of the suite (overrides that only pick among the preset's own cells): the report is
-    # still the whole suite's, so it never shrinks to the part that ran; other overrides make
-    # other cells, and the report is theirs.
-    whole = real_suite(target, (), tier).cells if args.overrides else cells
-    planned = {cell_key(c.key) for c in whole}
-    shown = whole if all(cell_key(c.key) in planned for c in cells) else cells
-
     def report(_group: str = "") -> Path:
         suite.attach_records(shown, records)
-        path = suite.write_report(target.name, target.title, part.preset, shown, tier)
-        if tier == "real" and feeds_all_schemes(target.name):
+        path = suite.write_report(target.name, target.title, part.preset, shown, tier,
+                                  out=work if variant else None)
+        if tier == "real" and not variant and feeds_all_schemes(target.name):
             refresh_all_schemes()
         return path
 

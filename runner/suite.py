@@ -66,16 +66,25 @@ class SuiteCell:
 def plan(preset: str, extra: Sequence[str] = ()) -> list[SuiteCell]:
     """The preset's cells in the preset's axis order, without the arms its `sweep.exclude`
     lists (each a {axis: value} selector). Extra overrides that change no result (e.g.
-    trainer.device=cpu) reach every cell's command but not its key."""
-    cells, fixed = plan_cells(preset, extra)
+    trainer.device=cpu) reach every cell's command but not its key.
+
+    An extra override of a preset axis (`model.layers=6`, `++trainer.seed=2`: part of a suite)
+    is written with the preset's own spelling of the key and stays in the arm, so the cell is
+    the whole suite's cell (the same command, key, arm and seed), and the preset's exclusions
+    and claims still see it."""
     spec = load_preset(preset)
+    spelling = {norm_key(k): k for k in ((spec.get("hydra") or {}).get("sweeper") or {}).get("params") or {}}
+    preset_axes = list(spelling)
+    cells, fixed = plan_cells(preset, extra)
+
+    def respelled(key: str) -> str:
+        return key if key.startswith("~") else spelling.get(norm_key(key), key)
+
+    cells = [{respelled(k): v for k, v in axes.items()} for axes in cells]
+    fixed = [f"{respelled(k)}={v}" for k, _, v in (o.partition("=") for o in fixed)]
+    pinned = {norm_key(k): v for k, _, v in (o.partition("=") for o in fixed) if not k.startswith("~")}
     exclude = [{k: str(v) for k, v in sel.items()}
                for sel in (spec.get("sweep") or {}).get("exclude") or []]
-    # A preset axis that the command line fixes to one value (`model.layers=6`, to run part of a
-    # suite) stays in the arm: the record then names its arm as the whole suite's plan does, and
-    # the preset's exclusions and claims still see it.
-    preset_axes = [norm_key(k) for k in ((spec.get("hydra") or {}).get("sweeper") or {}).get("params") or {}]
-    pinned = {norm_key(k): v for k, _, v in (o.partition("=") for o in fixed) if norm_key(k) in preset_axes}
     out = []
     for axes in cells:
         overrides = [f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items()), *fixed, *run_only(extra)]
@@ -84,7 +93,7 @@ def plan(preset: str, extra: Sequence[str] = ()) -> list[SuiteCell]:
         clean.update((k, v) for k, v in swept.items() if k not in clean)  # axes the command line added
         if any(all(clean.get(k) == v for k, v in sel.items()) for sel in exclude):
             continue
-        seed = int(clean.pop(SEED_AXIS, 1))
+        seed = int(clean.pop(SEED_AXIS, pinned.get(SEED_AXIS, 1)))
         out.append(SuiteCell(overrides, sorted(canonical(overrides)), clean, seed))
     return out
 
@@ -719,8 +728,9 @@ def _replace(path: Path, write: Callable[[Path], object]) -> None:
 
 
 def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],
-                 tier: str = "real") -> Path:
-    out = results_dir(target, tier)
+                 tier: str = "real", out: Optional[Path] = None) -> Path:
+    """report.md and its plots in `out` (default: the suite's results folder)."""
+    out = results_dir(target, tier) if out is None else out
     out.mkdir(parents=True, exist_ok=True)
     text = render(target, title, preset, cells, tier)
     _replace(out / "report.md", lambda tmp: tmp.write_text(text))

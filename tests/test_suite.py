@@ -10,6 +10,7 @@ import os
 import pytest
 
 from runner import suite
+from runner.records import cell_key
 from tests.conftest import REPO, run_cli
 
 SHRINK = ["data=toy", "data.toy.train_size=300", "data.toy.valid_size=30", "data.toy.test_size=20",
@@ -43,6 +44,16 @@ def test_part_of_a_suite_keeps_the_whole_arm_the_seed_and_the_exclusions():
         ({"method": "post_ln", "model.layers": "6", "warmup.updates": "0"}, 2)]
     assert all(full[(tuple(c.arm.items()), c.seed)] == c.key for c in part)  # same identity
     assert suite.plan("reproduce_table2_gpu", ["method=tfixup", "warmup.updates=1000"]) == []
+    # the prefixes Hydra reads alike give the same cells (the preset's own spelling)
+    for spelled in (["++model.layers=6", "+trainer.seed=2"], ["model.layers=6", "++trainer.seed=2"]):
+        respelled = suite.plan("reproduce_table2_gpu", spelled)
+        assert [(c.key, c.overrides) for c in respelled] == [
+            (c.key, c.overrides) for c in suite.plan("reproduce_table2_gpu", ["model.layers=6", "trainer.seed=2"])]
+    lipschitz = suite.plan("reproduce_lipschitz_real", ["++reproduce=order_v1"])  # the preset spells it +reproduce
+    own = {cell_key(c.key) for c in suite.plan("reproduce_lipschitz_real")}
+    assert len(lipschitz) == 12 and all(cell_key(c.key) in own for c in lipschitz)
+    # a seed outside the preset's axes is still the cell's seed
+    assert {c.seed for c in suite.plan("reproduce_grid_paper", ["trainer.seed=5"])} == {5}
     # an axis the command line adds is part of the arm too
     added = suite.plan("reproduce_table2_real", ["method=pre_ln", "optim.lr=1e-3,2e-3"])
     assert {c.arm["optim.lr"] for c in added} == {"0.001", "0.002"}
@@ -247,8 +258,12 @@ def test_real_tier_records_reuse_and_report(tmp_path):
             *SHRINK]
     first = run_cli(args, cwd=REPO, timeout=600, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    records = [json.loads(line) for line in
-               (tmp_path / "results" / "table2" / "real" / "records.jsonl").read_text().splitlines()]
+    # SHRINK changes the preset's cells (toy data, a tiny model): a variant, whose records and
+    # report stay beside its run folders and never reach results/
+    tier = tmp_path / "out" / "table2-real"
+    assert not (tmp_path / "results").exists()
+    assert "a variant, kept out of results/" in first.stdout
+    records = [json.loads(line) for line in (tier / "records.jsonl").read_text().splitlines()]
     assert len(records) == 8  # 2 methods x 2 warmups x 2 seeds
     assert {r["seed"] for r in records} == {1, 2}
     for r in records:
@@ -258,16 +273,16 @@ def test_real_tier_records_reuse_and_report(tmp_path):
         if r["status"] == "ok":
             assert r["bleu"] is not None and r["best_valid_loss"] is not None
             assert r["bleu_last"] is not None  # the preset's trainer.final_bleu_last
-    report = (tmp_path / "results" / "table2" / "real" / "report.md").read_text()
+    report = (tier / "report.md").read_text()
     assert "method=pre_ln warmup.updates=0" in report and "post_ln_no_warmup_fails" in report
     # claims on arms this shrunken plan trains get a verdict; those on arms it lacks are "not run"
     assert "**not run**" in report and "**incomplete**" not in report
-    assert (tmp_path / "results" / "table2" / "real" / "curves.png").stat().st_size > 0
+    assert (tier / "curves.png").stat().st_size > 0
     # a second call trains nothing: every cell has its record
     second = run_cli(args, cwd=REPO, timeout=300, env=env)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "8 with a record" in second.stdout
-    assert (tmp_path / "results" / "table2" / "real" / "report.md").read_text() == report
+    assert (tier / "report.md").read_text() == report
 
 
 def test_a_report_after_part_of_a_suite_is_the_whole_suites(tmp_path):
@@ -290,7 +305,11 @@ def test_a_report_after_part_of_a_suite_is_the_whole_suites(tmp_path):
     whole = table()
     assert "21 of 21 cells trained" in whole
     assert table("method=pre_ln", "trainer.seed=2") == whole
-    other = table("method=pre_ln", "optim.lr=2e-3")  # cells the preset does not have
+    # a spelling Hydra reads alike picks the same cells
+    assert table("++method=pre_ln", "+trainer.seed=2") == whole
+    # cells the preset does not have: a variant, reported beside its run folders
+    assert table("method=pre_ln", "optim.lr=2e-3") == whole
+    other = (tmp_path / "out" / "table2-real" / "report.md").read_text()
     assert "0 of 6 cells trained" in other and "| method=post_ln" not in other
 
 
@@ -306,11 +325,11 @@ def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_pa
     proc = run_cli(args, cwd=REPO, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "(real data, GPU)" in proc.stdout and "1 at a time" in proc.stdout  # one cell per GPU by default
-    tier = tmp_path / "results" / "tfixup-depth" / "gpu"
+    tier = tmp_path / "out" / "tfixup-depth-gpu"  # shrunk: a variant, kept out of results/
+    assert not (tmp_path / "results").exists()
     (record,) = [json.loads(line) for line in (tier / "records.jsonl").read_text().splitlines()]
     assert "+sweep=reproduce_tfixup_depth_gpu" in record["overrides"] and record["updates"] == 6
     assert record["seconds_per_update"] > 0 and record["peak_memory_mb"] is None  # no CUDA: no peak
-    assert not (tmp_path / "results" / "tfixup-depth" / "real").exists()
     report = (tier / "report.md").read_text()
     assert report.startswith("# T-Fixup ultra-deep scan") and "real-data tier on a GPU" in report
     header = next(line for line in report.splitlines() if line.startswith("| arm"))
@@ -347,7 +366,8 @@ def test_gpu_session_script_runs_a_suite_step_and_copies_its_records_to_out(tmp_
     import sys
 
     out = tmp_path / "gpu-out"
-    env = {**os.environ, "OUT": str(out), "DEEPINIT_RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable}
+    env = {**os.environ, "OUT": str(out), "DEEPINIT_RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable,
+           "RUNS": str(tmp_path / "runs")}
     args = ["trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2", "trainer.seed=1",
             "trainer.max_updates=6", "trainer.log_interval=3", "trainer.valid_interval=3",
             "trainer.save_interval=3", "trainer.eval_beam=2"]
@@ -356,8 +376,9 @@ def test_gpu_session_script_runs_a_suite_step_and_copies_its_records_to_out(tmp_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "machine-depth.txt").read_text().strip()
     assert "(real data, GPU)" in (out / "tfixup-depth.log").read_text()
-    (record,) = (out / "tfixup-depth-gpu" / "records.jsonl").read_text().splitlines()
-    assert json.loads(record)["updates"] == 6 and (out / "tfixup-depth-gpu" / "report.md").is_file()
+    # the shrunken cells are a variant: their records come back from beside the run folders
+    (record,) = (out / "tfixup-depth-gpu-variant" / "records.jsonl").read_text().splitlines()
+    assert json.loads(record)["updates"] == 6 and (out / "tfixup-depth-gpu-variant" / "report.md").is_file()
     bad = subprocess.run(["bash", "ci/gpu-session.sh", "nope"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2

@@ -20,7 +20,9 @@ def main(argv: Sequence[str]) -> int:
                         "the real-tier suites' records (trains nothing); list: the targets; status: how "
                         "far each real-tier suite has got (records, verdicts, estimated time left)")
     p.add_argument("overrides", nargs="*", help="extra overrides for every cell; an override of a "
-                   "swept axis replaces its values (e.g. model.layers=6,20,50)")
+                   "swept axis replaces its values (e.g. model.layers=6,20,50); at the real and gpu "
+                   "tiers, overrides that change the preset's cells (a variant) keep their records "
+                   "beside the run folders, not in results/")
     p.add_argument("--scale", choices=reproduce.SCALES,
                    help="cpu: the toy smoke tier (minutes); real: Multi30k on this CPU with "
                    "seeds, CIs and verdicts, records in results/ (hours); gpu: the same on one GPU at "
