@@ -877,7 +877,7 @@ def run_real(target: Target, args, tier: str = "real") -> int:
     # A plan or a report trains nothing: both work on a login node without a GPU.
     trains = not (args.dry_run or args.table_only)
     if (gpu and trains and not gpu_visible()
-            and not any(o.startswith("trainer.device=") for o in args.overrides)):
+            and not any(norm_key(o).startswith("trainer.device=") for o in args.overrides)):
         print(f"deepinit reproduce: --scale gpu trains on CUDA, and no GPU is visible here "
               f"(torch {torch.__version__}); use --scale real on a CPU", file=sys.stderr)
         return 2

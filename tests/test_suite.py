@@ -318,7 +318,7 @@ def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_pa
     (trainer.device=cpu, the override that lets it run without a GPU), shrunk like above."""
     env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path / "results")}
     args = ["reproduce", "tfixup-depth", "--scale", "gpu", "--out", str(tmp_path / "out"),
-            "trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2",
+            "++trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2",
             "trainer.max_updates=6", "trainer.log_interval=3", "trainer.valid_interval=3",
             "trainer.save_interval=3",
             "trainer.eval_beam=2", "trainer.seed=1"]
