@@ -62,10 +62,13 @@ class LoopState:
     last_valid: dict = field(default_factory=dict)
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's RNG streams: torch's CPU generator (the CPU dropout masks), Python's, and
+    on CUDA the generator of the run's own GPU only (another GPU's state would not exist when
+    the run resumes with fewer GPUs visible)."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda_device"] = torch.cuda.get_rng_state(device)
     return state
 
 
@@ -73,13 +76,19 @@ def _as_tuple(obj):
     return tuple(_as_tuple(x) for x in obj) if isinstance(obj, (list, tuple)) else obj
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     # .cpu(): torch takes RNG states as CPU byte tensors, and a checkpoint loaded with
     # map_location=cuda brings them onto the GPU
     torch.set_rng_state(state["torch"].cpu())
     random.setstate(_as_tuple(state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    if device.type != "cuda":
+        return
+    if "cuda_device" in state:
+        torch.cuda.set_rng_state(state["cuda_device"].cpu(), device)
+    elif state.get("cuda"):  # older checkpoints: every visible GPU's state, indexed by GPU
+        states = state["cuda"]
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_rng_state(states[index if index < len(states) else 0].cpu(), device)
 
 
 @dataclass
@@ -159,6 +168,7 @@ class Trainer:
         self.device, self.world, self.rank = parts.device, parts.world, parts.rank
         self.callbacks = list(callbacks)
         self.state = LoopState()
+        self._rng_ranks: Optional[list] = None  # every rank's RNG state at the last gather_rng()
         self.stream = batch_stream(parts.batches, self.cfg.trainer.seed, self.state.pos)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(parts.precision)
         self.scaler = torch.amp.GradScaler("cuda", enabled=parts.precision == "fp16")
@@ -222,6 +232,7 @@ class Trainer:
                                      unpad=unpad)
                 target = batch.real_target if unpad else batch.target
                 loss, nll = label_smoothed_nll(logits, target, t.label_smoothing, self.parts.pad)
+                del logits  # autograd keeps what it needs; the logits themselves would add B*T*V to the peak
                 self.scaler.scale(loss * (self.world / ntokens)).backward()
             loss_sum += loss.detach()
             nll_parts.append(nll.detach())
@@ -281,13 +292,23 @@ class Trainer:
             sign = 1.0 if t.best_checkpoint_metric == "loss" else -1.0
             if math.isfinite(value) and (s.best_metric is None or sign * value < sign * s.best_metric):
                 s.best_metric = value
+                self.gather_rng()
                 self._callbacks("on_best")
         self._callbacks("on_record", {"split": "valid", "step": s.step, "epoch": s.pos.epoch,
                                       "lr": lr, **valid})
         log.info("valid at update %d: loss %.4f  nll %.4f  ppl %.2f", s.step, valid["loss"],
                  valid["nll_loss"], valid["ppl"])
 
+    def gather_rng(self) -> None:
+        """Every rank's RNG streams, for the checkpoint that follows (all ranks call this)."""
+        if self.world > 1:
+            self._rng_ranks = [None] * self.world
+            dist.all_gather_object(self._rng_ranks, rng_state(self.device))
+        else:
+            self._rng_ranks = None
+
     def checkpoint(self) -> None:
+        self.gather_rng()
         self._callbacks("on_checkpoint")
         if self.world > 1:
             dist.barrier()
@@ -307,7 +328,10 @@ class Trainer:
             "train_seconds": s.train_seconds, "wall_s": self.wall_s(),
             "bad_streak": s.bad_streak, "last_train_loss": s.last_train_loss,
             "last_valid": s.last_valid,
-            "rng": rng_state(),
+            # each rank's RNG streams (gathered in checkpoint() and before on_best), so that every
+            # rank of a resumed DDP run continues its own dropout masks
+            "rng": self._rng_ranks[self.rank] if self._rng_ranks else rng_state(self.device),
+            "rng_ranks": self._rng_ranks or [rng_state(self.device)],
             "config": asdict(self.cfg),
         }
 
@@ -327,7 +351,15 @@ class Trainer:
         s.wall_before = state["wall_s"]
         s.bad_streak, s.last_train_loss = state["bad_streak"], state["last_train_loss"]
         s.last_valid = state["last_valid"]
-        set_rng_state(state["rng"])
+        ranks = state.get("rng_ranks") or []
+        if len(ranks) == self.world:
+            set_rng_state(ranks[self.rank], self.device)
+        else:
+            if self.world > 1 or len(ranks) > 1:
+                log.warning("the checkpoint holds the RNG streams of %d process(es) and this run has %d: "
+                            "dropout continues from the main rank's stream, so the run does not "
+                            "repeat an uninterrupted one exactly", max(len(ranks), 1), self.world)
+            set_rng_state(state["rng"], self.device)
 
     def wall_s(self) -> float:
         return self.state.wall_before + time.time() - self.t0
@@ -353,14 +385,19 @@ class Trainer:
                 lr = out.lr
                 window.add(out)
                 monitor.add(out.loss_sum * (self.world / out.tokens), out.skipped)  # this rank's share
+                at_log = s.step % t.log_interval == 0 or s.step == t.max_updates
+                checks = at_log or s.step % t.divergence.check_interval == 0
+                if checks and self.device.type == "cuda":
+                    # the check below waits for the GPU anyway; waiting here first puts the GPU's
+                    # backlog of queued updates into the timed seconds, so tokens/s is the GPU's
+                    torch.cuda.synchronize(self.device)
                 elapsed = time.perf_counter() - tick
                 window.seconds += elapsed
                 s.train_tokens += out.tokens
                 s.train_seconds += elapsed
                 progress.update(task, completed=s.step)
 
-                at_log = s.step % t.log_interval == 0 or s.step == t.max_updates
-                if at_log or s.step % t.divergence.check_interval == 0:
+                if checks:
                     outcome = monitor.check(self)
                     s.bad_streak = monitor.bad_streak
                 if at_log or outcome.status != "ok":
