@@ -487,3 +487,36 @@ def test_an_interrupted_bench_keeps_the_entries_that_finished(tmp_path, monkeypa
     assert out.with_suffix(".md").exists()
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"deepinit bench: interrupted; the 1 finished entries are in {out}")
+
+
+def test_gpu_peak_is_the_datasheet_row_of_the_whole_model_name():
+    from runner.bench import cuda_bf16_peak
+    expected = {"NVIDIA H100 80GB HBM3": ("H100", 989.4), "NVIDIA H100 PCIe": ("H100 PCIe", 756.0),
+                "NVIDIA H100 NVL": ("H100 NVL", 835.0), "NVIDIA H200": ("H200", 989.4),
+                "NVIDIA H200 NVL": ("H200 NVL", 835.0), "NVIDIA GH200 480GB": ("GH200", 989.4),
+                "NVIDIA L40": ("L40", 181.0), "NVIDIA L40S": ("L40S", 362.0), "NVIDIA L4": ("L4", 121.0),
+                "NVIDIA A10": ("A10", 125.0), "NVIDIA A100-SXM4-80GB": ("A100", 312.0)}
+    for name, (key, tflops) in expected.items():
+        peak = cuda_bf16_peak(name)
+        assert (peak["source"], peak["gflops"]) == (f"datasheet ({key})", tflops * 1e3), name
+
+
+def test_dynamo_counts_tell_a_compiled_entry_from_an_eager_fallback():
+    """A compiled bench entry records how many graphs dynamo made: 0 means the compile failed
+    and the entry timed the eager model (trainer.compile runs eagerly on a compile error)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from runner.bench import dynamo_counts
+
+    def with_a_break(x):
+        y = x * 2
+        print("", end="")  # a graph break: two graphs
+        return y + 1
+
+    torch._dynamo.reset()
+    counters.clear()
+    assert dynamo_counts() == {"graphs": 0, "graph_breaks": 0}
+    fn = torch.compile(with_a_break, backend="eager")
+    assert torch.equal(fn(torch.ones(3)), torch.full((3,), 3.0))
+    assert dynamo_counts() == {"graphs": 2, "graph_breaks": 1}

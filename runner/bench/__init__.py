@@ -46,7 +46,7 @@ from rich.table import Table
 from runner.bench.profile import OperatorProfile
 from runner.bench.reference import train_reference
 from runner.config import Config, config_from_dict
-from runner.console import console
+from runner.console import console, log
 from runner.data.corpus import default_corpus_dir
 from runner.data.dataset import TokenizedSplit
 from runner.decode.search import decode_throughput
@@ -96,8 +96,8 @@ REFERENCE_TARGET = 1.2
 
 # bf16 dense tensor-core peaks from NVIDIA's datasheets, TFLOP/s (no sparsity).
 CUDA_BF16_PEAK_TFLOPS = {"H100 SXM": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
-                         "H200": 989.4, "GH200": 989.4, "A100": 312.0, "L40S": 362.0,
-                         "L4": 121.0, "A10": 125.0}
+                         "H200 NVL": 835.0, "H200": 989.4, "GH200": 989.4, "A100": 312.0,
+                         "L40S": 362.0, "L40": 181.0, "L4": 121.0, "A10": 125.0}
 
 
 # ----------------------------------------------------------------------------- entries
@@ -314,8 +314,9 @@ def cpu_matmul_peak(threads: int, seconds: float = 1.5) -> dict:
 
 
 def cuda_bf16_peak(name: str) -> dict:
+    # the longest key that is a whole word of the name: "L40" is not the L4, nor "A10G" the A10
     for key in sorted(CUDA_BF16_PEAK_TFLOPS, key=len, reverse=True):
-        if key in name:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name):
             return {"gflops": CUDA_BF16_PEAK_TFLOPS[key] * 1e3, "dtype": "bf16",
                     "source": f"datasheet ({key})"}
 
@@ -418,6 +419,10 @@ def entry_overrides(entry: Entry, work: Path) -> list[str]:
         f"trainer.threads={entry.threads}"]
     if not any(o.startswith("warmup") for o in entry.overrides):
         overrides.append(f"warmup.updates={min(4000, total_updates)}")  # the recipe's 4000, capped
+    if _uses_cuda(entry):
+        # the divergence check reads the loss (a host sync): only on the window's last update,
+        # so a timed window has one sync, as the reference's does
+        overrides.append(f"trainer.divergence.check_interval={log_interval}")
     return overrides
 
 
@@ -451,6 +456,16 @@ def timed_figures(windows: list[dict], split: TokenizedSplit, timed: list[np.nda
     }
 
 
+def dynamo_counts() -> dict:
+    """What torch.compile made of the entry: graphs compiled and graph breaks, from dynamo's
+    counters (a compile that fails runs eagerly without a word, trainer.compile: so a compiled
+    entry with 0 graphs timed the eager model)."""
+    from torch._dynamo.utils import counters  # noqa: PLC0415 (the compiler stack: compiled entries only)
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
 def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
     """Train `entry` (composed into `cfg` from `overrides`) for warm-up + timed updates with the
     real train loop, then decode."""
@@ -461,6 +476,9 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
     rss_start = rss_mb()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    if entry.compile:
+        from torch._dynamo.utils import counters  # noqa: PLC0415
+        counters.clear()  # this entry's compiles only
     parts = build_run(cfg)
     collector = RecordCollector()
     profiler = (OperatorProfile(updates, entry.profile, Path(entry.profile_stem), cuda)
@@ -516,6 +534,11 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
     }
     if profiler is not None:
         out["profile"] = profiler.summary
+    if entry.compile:
+        out["compiled"] = dynamo_counts()
+        if out["compiled"]["graphs"] == 0:
+            log.warning("%s: torch.compile compiled no graph, so this entry timed the eager model",
+                        entry.name)
     if entry.decode:
         full_length_decoding(parts.model, parts.eos)
         test = parts.data.splits[cfg.data.test_split]
@@ -818,6 +841,12 @@ def print_tables(report: dict) -> None:
                       _fmt((e.get("greedy") or {}).get("sentences_per_s"), ".1f"),
                       f"{e['load_train']['other_cores']:.2f}")
         console.print(t)
+        for e in entries:
+            if e.get("compiled") is not None:
+                c = e["compiled"]
+                console.print(f"{e['name']}: torch.compile made {c['graphs']} graph(s) with "
+                              f"{c['graph_breaks']} graph break(s)"
+                              + ("; [red]none compiled: these are eager figures[/]" if c["graphs"] == 0 else ""))
         timed = next((len(e["windows"]) for e in entries if e["status"] != "failed"), 0)
         console.print(f"tok/s: target tokens per second, median of {timed} timed "
                       f"windows; MFU: model FLOPs per target token x tok/s / peak ({peak['gflops']:,.0f} "
