@@ -520,3 +520,29 @@ def test_dynamo_counts_tell_a_compiled_entry_from_an_eager_fallback():
     fn = torch.compile(with_a_break, backend="eager")
     assert torch.equal(fn(torch.ones(3)), torch.full((3,), 3.0))
     assert dynamo_counts() == {"graphs": 2, "graph_breaks": 1}
+
+
+def test_an_interrupted_reference_comparison_keeps_its_finished_runs(tmp_path, monkeypatch):
+    """--reference alternates deepinit and plain-PyTorch runs of one entry: a time limit in its
+    fourth run keeps the three before it, the preset entry included."""
+    import runner.bench as bench
+
+    calls = []
+
+    def three_runs_then_interrupt(entry, work, compose, kind="deepinit"):
+        calls.append(kind)
+        if len(calls) > 3:
+            raise KeyboardInterrupt
+        return {"name": entry.name, "group": entry.group, "kind": kind, "status": "failed",
+                "error": "stand-in", "tokens_per_s": 100.0 * len(calls)}
+
+    monkeypatch.setattr(bench, "run_isolated", three_runs_then_interrupt)
+    out = tmp_path / "b.json"
+    code = main_bench(["--presets", "tiny", "--reference", "--reps", "3", "--device", "cpu",
+                       "--threads", "1", "--depths", "--out", str(out), "--work", str(tmp_path / "work")])
+    assert code == 130 and calls == ["deepinit", "reference", "deepinit", "reference"]
+    report = json.loads(out.read_text())
+    assert [e["name"] for e in report["entries"]] == ["tiny"]
+    row = report["reference"]["tiny"]
+    assert row["tokens_per_s"]["deepinit_runs"] == [100.0, 300.0]
+    assert row["tokens_per_s"]["reference_runs"] == [200.0]

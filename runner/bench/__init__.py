@@ -767,19 +767,24 @@ def summarize_pair(name: str, peer_name: str, ours: list[dict], peer: list[dict]
 
 
 # ----------------------------------------------------------------------------- the reference
-def reference_comparison(entry: Entry, args, work: Path,
-                         compose: Callable[[list[str]], Config]) -> tuple[list[dict], list[dict]]:
+def reference_comparison(entry: Entry, args, work: Path, compose: Callable[[list[str]], Config],
+                         after_each: Callable[[list[dict], list[dict]], None] = lambda ours, refs: None,
+                         ) -> tuple[list[dict], list[dict]]:
     """args.reps pairs of child processes, deepinit's entry then the plain-PyTorch reference of
     it, alternating (ours, reference, ours, reference, ...). Only the first deepinit run decodes
-    (the reference does not): decoding comes after training and does not touch its timing."""
-    ours, refs = [], []
+    (the reference does not): decoding comes after training and does not touch its timing.
+    after_each(ours, refs) sees the runs so far after every run, so a call cut short keeps them."""
+    ours: list[dict] = []
+    refs: list[dict] = []
     for rep in range(args.reps):
         run = replace(entry, decode=entry.decode if rep == 0 else 0)
         console.print(f"[bold]bench-reference[/] {entry.name}: run {rep + 1}/{args.reps}: deepinit "
                       f"({entry.warmup} warm-up + {entry.windows} x {entry.steps} timed updates) ...")
         ours.append(run_isolated(run, work, compose))
+        after_each(ours, refs)
         console.print(f"[bold]bench-reference[/] {entry.name}: run {rep + 1}/{args.reps}: plain PyTorch ...")
         refs.append(run_isolated(run, work, compose, kind="reference"))
+        after_each(ours, refs)
     return ours, refs
 
 
@@ -1149,16 +1154,24 @@ def run_entries(args, report: dict, out_path: Path, work: Path,
         if entry.profile:  # next to the JSON: <stem>.<entry>.profile.txt and .trace.json
             entry = replace(entry, profile_stem=str(out_path.resolve().with_suffix("")) + f".{entry.name}")
         if args.reference and entry.group == "preset":
-            ours, refs = reference_comparison(entry, args, work, compose)
-            report.setdefault("reference", {})[entry.name] = summarize_reference(ours, refs, report["peak"])
+            def keep(ours: list[dict], refs: list[dict], name: str = entry.name) -> None:
+                """The runs so far into the report, written at once: a time limit's SIGINT during
+                a later run keeps them (the preset table's entry is the first deepinit run)."""
+                report.setdefault("reference", {})[name] = summarize_reference(ours, refs, report["peak"])
+                if len(ours) == 1 and not refs:
+                    report["entries"].append(ours[0])
+                write_report(out_path, report)
+
+            ours, refs = reference_comparison(entry, args, work, compose, keep)
             for run in ours[1:] + refs:
                 if run["status"] == "failed":
                     console.print(f"[red]{entry.name} ({run.get('kind', 'deepinit')}) failed[/]:\n{run['error']}")
-            result = ours[0]  # the preset table's entry: the run that also decoded
-        else:
-            console.print(f"[bold]bench[/] {entry.name}: {entry.warmup} warm-up + "
-                          f"{entry.windows} x {entry.steps} timed updates ...")
-            result = run_isolated(entry, work, compose)
+            if ours[0]["status"] == "failed":
+                console.print(f"[red]{entry.name} failed[/]:\n{ours[0]['error']}")
+            continue  # its entry went into the report with its first run
+        console.print(f"[bold]bench[/] {entry.name}: {entry.warmup} warm-up + "
+                      f"{entry.windows} x {entry.steps} timed updates ...")
+        result = run_isolated(entry, work, compose)
         if result["status"] == "failed":
             console.print(f"[red]{entry.name} failed[/]:\n{result['error']}")
         report["entries"].append(result)
