@@ -54,6 +54,15 @@ def test_part_of_a_suite_keeps_the_whole_arm_the_seed_and_the_exclusions():
     assert len(lipschitz) == 12 and all(cell_key(c.key) in own for c in lipschitz)
     # a seed outside the preset's axes is still the cell's seed
     assert {c.seed for c in suite.plan("reproduce_grid_paper", ["trainer.seed=5"])} == {5}
+    # a value the preset has, written another way, is the preset's cell (its spelling, its
+    # key); a value it does not have, or one of another type, is not respelled
+    for other in (["method='admin'", "warmup.updates=0.0", "trainer.seed=2.0", "model.layers=6e0"],
+                  ["method=admin", "warmup.updates=0e0,1e3", "trainer.seed=2", "model.layers=6"]):
+        cells = suite.plan("reproduce_table2_gpu", other)
+        assert cells and all(full[(tuple(c.arm.items()), c.seed)] == c.key for c in cells), other
+    assert [c.arm["warmup.updates"] for c in suite.plan("reproduce_table2_gpu", ["warmup.updates=999",
+                                                                                 "method=pre_ln"])] == ["999"] * 4
+    assert {c.arm["method"] for c in suite.plan("reproduce_table2_gpu", ["method=true"])} == {"True"}
     # an axis the command line adds is part of the arm too
     added = suite.plan("reproduce_table2_real", ["method=pre_ln", "optim.lr=1e-3,2e-3"])
     assert {c.arm["optim.lr"] for c in added} == {"0.001", "0.002"}

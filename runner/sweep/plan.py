@@ -28,6 +28,7 @@ class ParsedOverride:
     key: str  # as written, with its +/~ prefix
     value: str  # the value as Hydra writes it into .hydra/overrides.yaml (1e-4 -> 0.0001); "" for a sweep
     sweep: Optional[list[str]]  # the values of a comma sweep (a,b,c), else None
+    objects: tuple = ()  # the Python values Hydra parses (1e3 -> 1000.0, 'a' -> a): one, or the sweep's
 
 
 def parse_overrides(lines: Sequence[str]) -> list[ParsedOverride]:
@@ -36,9 +37,11 @@ def parse_overrides(lines: Sequence[str]) -> list[ParsedOverride]:
     out = []
     for o in OverridesParser.create().parse_overrides(list(lines)):
         if o.is_discrete_sweep():
-            out.append(ParsedOverride(o.get_key_element(), "", [str(v) for v in o.sweep_string_iterator()]))
+            out.append(ParsedOverride(o.get_key_element(), "", [str(v) for v in o.sweep_string_iterator()],
+                                      tuple(o.sweep_iterator())))
         else:
-            out.append(ParsedOverride(o.get_key_element(), o.get_value_element_as_str(), None))
+            out.append(ParsedOverride(o.get_key_element(), o.get_value_element_as_str(), None,
+                                      (o.value(),)))
     return out
 
 
@@ -65,25 +68,43 @@ def canonical(overrides: Sequence[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+def _as_spelled(obj, text: str, pairs: Sequence[tuple]) -> str:
+    """`text` as the preset spells the same value (1e3 -> 1000 where the preset has 1000), else
+    unchanged. Numbers compare as numbers, anything else only with its own type (true is not 1)."""
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    for theirs, spelling in pairs:
+        if (number(obj) and number(theirs)) or type(obj) is type(theirs):
+            if obj == theirs:
+                return spelling
+    return text
+
+
 def plan_cells(preset: str, extra: Sequence[str] = ()) -> tuple[list[dict[str, str]], list[str]]:
     """The cells a `deepinit -m +sweep=preset *extra` call runs, as {axis: value} in the
     preset's axis order (values as Hydra writes them), and the extra overrides that are not axes
     (fixed for every cell). A command-line value replaces the preset's axis of the same key, as
     Hydra's sweeper does."""
     params = ((load_preset(preset).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
-    lines = [f"{k}={v}" for k, v in params.items()]
-    lines += [o for o in extra if not norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
+    own = parse_overrides([f"{k}={v}" for k, v in params.items()])
+    # each preset axis value's spelling by its parsed value, so that a command-line value the
+    # preset has, written another way (warmup.updates=1e3 for 1000, method='tfixup'), is the
+    # preset's own cell
+    spelled = {norm_key(o.key): list(zip(o.objects, o.sweep or [])) for o in own}
+    lines = [o for o in extra if not norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
     axes: dict[str, list[str]] = {}
     fixed: dict[str, str] = {}
-    for o in parse_overrides(lines):
+    for o in own + parse_overrides(lines):
         key = o.key
         for k in list(axes) + list(fixed):  # a later value of the same key replaces it
             if norm_key(k) == norm_key(key):
                 axes.pop(k, None)
                 fixed.pop(k, None)
+        pairs = spelled.get(norm_key(key), [])
         if o.sweep is not None:
-            axes[key] = o.sweep
+            axes[key] = [_as_spelled(obj, text, pairs) for obj, text in zip(o.objects, o.sweep)]
         else:
-            fixed[key] = f"{key}={o.value}"
+            fixed[key] = f"{key}={_as_spelled(o.objects[0], o.value, pairs)}"
     cells = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
     return cells, list(fixed.values())
