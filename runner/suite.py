@@ -75,7 +75,7 @@ def plan(preset: str, extra: Sequence[str] = ()) -> list[SuiteCell]:
     spec = load_preset(preset)
     spelling = {norm_key(k): k for k in ((spec.get("hydra") or {}).get("sweeper") or {}).get("params") or {}}
     preset_axes = list(spelling)
-    cells, fixed = plan_cells(preset, extra)
+    cells, fixed = plan_cells(preset, extra, respell=True)
 
     def respelled(key: str) -> str:
         return key if key.startswith("~") else spelling.get(norm_key(key), key)

@@ -63,6 +63,14 @@ def test_part_of_a_suite_keeps_the_whole_arm_the_seed_and_the_exclusions():
     assert [c.arm["warmup.updates"] for c in suite.plan("reproduce_table2_gpu", ["warmup.updates=999",
                                                                                  "method=pre_ln"])] == ["999"] * 4
     assert {c.arm["method"] for c in suite.plan("reproduce_table2_gpu", ["method=true"])} == {"True"}
+    # a Hydra call runs the text as typed, so the plan that finds its run folders keeps it
+    from runner.sweep.plan import plan_cells
+    assert plan_cells("reproduce_table2_gpu", ["method='admin'"])[1] == ["method='admin'"]
+    # a shuffle() sweep keeps each value with its own text
+    for _ in range(5):
+        shuffled = suite.plan("reproduce_table2_gpu", ["method=pre_ln", "model.layers=6", "trainer.seed=1",
+                                                       "warmup.updates=shuffle(1e3,0,7)"])
+        assert sorted(c.arm["warmup.updates"] for c in shuffled) == ["0", "1000", "7"]
     # an axis the command line adds is part of the arm too
     added = suite.plan("reproduce_table2_real", ["method=pre_ln", "optim.lr=1e-3,2e-3"])
     assert {c.arm["optim.lr"] for c in added} == {"0.001", "0.002"}

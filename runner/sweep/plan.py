@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Transformer
 
 from runner.config.paths import sweeps_dir
 
@@ -37,8 +38,10 @@ def parse_overrides(lines: Sequence[str]) -> list[ParsedOverride]:
     out = []
     for o in OverridesParser.create().parse_overrides(list(lines)):
         if o.is_discrete_sweep():
-            out.append(ParsedOverride(o.get_key_element(), "", [str(v) for v in o.sweep_string_iterator()],
-                                      tuple(o.sweep_iterator())))
+            # values and their text in one pass: a shuffle() sweep shuffles each pass anew
+            pairs = list(o.sweep_iterator(transformer=lambda v: (v, Transformer.str(v))))
+            out.append(ParsedOverride(o.get_key_element(), "", [str(text) for _, text in pairs],
+                                      tuple(value for value, _ in pairs)))
         else:
             out.append(ParsedOverride(o.get_key_element(), o.get_value_element_as_str(), None,
                                       (o.value(),)))
@@ -81,17 +84,20 @@ def _as_spelled(obj, text: str, pairs: Sequence[tuple]) -> str:
     return text
 
 
-def plan_cells(preset: str, extra: Sequence[str] = ()) -> tuple[list[dict[str, str]], list[str]]:
+def plan_cells(preset: str, extra: Sequence[str] = (), respell: bool = False,
+               ) -> tuple[list[dict[str, str]], list[str]]:
     """The cells a `deepinit -m +sweep=preset *extra` call runs, as {axis: value} in the
     preset's axis order (values as Hydra writes them), and the extra overrides that are not axes
     (fixed for every cell). A command-line value replaces the preset's axis of the same key, as
-    Hydra's sweeper does."""
+    Hydra's sweeper does. respell: a command-line value that one of the preset's values equals
+    is written as the preset writes it, for a caller that runs the planned overrides itself
+    (runner/suite.py); a Hydra call runs the text as typed, so its run folders keep that."""
     params = ((load_preset(preset).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
     own = parse_overrides([f"{k}={v}" for k, v in params.items()])
     # each preset axis value's spelling by its parsed value, so that a command-line value the
     # preset has, written another way (warmup.updates=1e3 for 1000, method='tfixup'), is the
     # preset's own cell
-    spelled = {norm_key(o.key): list(zip(o.objects, o.sweep or [])) for o in own}
+    spelled = {norm_key(o.key): list(zip(o.objects, o.sweep or [])) for o in own} if respell else {}
     lines = [o for o in extra if not norm_key(o.split("=", 1)[0]).startswith(_NOT_A_RESULT)]
     axes: dict[str, list[str]] = {}
     fixed: dict[str, str] = {}

@@ -288,12 +288,15 @@ class Trainer:
         if math.isfinite(valid["nll_loss"]) and (s.best_valid_nll is None or valid["nll_loss"] < s.best_valid_nll):
             s.best_valid_nll = valid["nll_loss"]
         if t.best_checkpoint_metric in ("loss", "bleu"):
+            # every rank gathers, whether or not its own value is a new best: a rank's BLEU could
+            # differ from the main rank's, and a collective some ranks skip would hang the others
+            self.gather_rng()
             value = valid["loss"] if t.best_checkpoint_metric == "loss" else valid["bleu"]
             sign = 1.0 if t.best_checkpoint_metric == "loss" else -1.0
             if math.isfinite(value) and (s.best_metric is None or sign * value < sign * s.best_metric):
                 s.best_metric = value
-                self.gather_rng()
                 self._callbacks("on_best")
+            self._rng_ranks = None
         self._callbacks("on_record", {"split": "valid", "step": s.step, "epoch": s.pos.epoch,
                                       "lr": lr, **valid})
         log.info("valid at update %d: loss %.4f  nll %.4f  ppl %.2f", s.step, valid["loss"],
@@ -310,6 +313,7 @@ class Trainer:
     def checkpoint(self) -> None:
         self.gather_rng()
         self._callbacks("on_checkpoint")
+        self._rng_ranks = None  # a later state_dict() without a gather takes this rank's own state
         if self.world > 1:
             dist.barrier()
 
