@@ -334,7 +334,6 @@ class Trainer:
             "last_valid": s.last_valid,
             # each rank's RNG streams (gathered in checkpoint() and before on_best), so that every
             # rank of a resumed DDP run continues its own dropout masks
-            "rng": self._rng_ranks[self.rank] if self._rng_ranks else rng_state(self.device),
             "rng_ranks": self._rng_ranks or [rng_state(self.device)],
             "config": asdict(self.cfg),
         }
@@ -355,15 +354,12 @@ class Trainer:
         s.wall_before = state["wall_s"]
         s.bad_streak, s.last_train_loss = state["bad_streak"], state["last_train_loss"]
         s.last_valid = state["last_valid"]
-        ranks = state.get("rng_ranks") or []
-        if len(ranks) == self.world:
-            set_rng_state(ranks[self.rank], self.device)
-        else:
-            if self.world > 1 or len(ranks) > 1:
-                log.warning("the checkpoint holds the RNG streams of %d process(es) and this run has %d: "
-                            "dropout continues from the main rank's stream, so the run does not "
-                            "repeat an uninterrupted one exactly", max(len(ranks), 1), self.world)
-            set_rng_state(state["rng"], self.device)
+        ranks = state.get("rng_ranks") or [state["rng"]]  # "rng": the main rank's, in older checkpoints
+        if len(ranks) != self.world:
+            log.warning("the checkpoint holds the RNG streams of %d process(es) and this run has %d: "
+                        "dropout continues from the main rank's stream, so the run does not "
+                        "repeat an uninterrupted one exactly", len(ranks), self.world)
+        set_rng_state(ranks[self.rank] if len(ranks) == self.world else ranks[0], self.device)
 
     def wall_s(self) -> float:
         return self.state.wall_before + time.time() - self.t0
