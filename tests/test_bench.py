@@ -516,10 +516,31 @@ def test_dynamo_counts_tell_a_compiled_entry_from_an_eager_fallback():
 
     torch._dynamo.reset()
     counters.clear()
-    assert dynamo_counts() == {"graphs": 0, "graph_breaks": 0}
+    assert dynamo_counts() == {"graphs": 0, "graph_breaks": 0, "frames_failed": 0}
     fn = torch.compile(with_a_break, backend="eager")
     assert torch.equal(fn(torch.ones(3)), torch.full((3,), 3.0))
-    assert dynamo_counts() == {"graphs": 2, "graph_breaks": 1}
+    assert dynamo_counts() == {"graphs": 2, "graph_breaks": 1, "frames_failed": 0}
+
+
+def test_dynamo_counts_flag_frames_that_fell_back_to_eager(monkeypatch):
+    """A compile that made graphs can still run part of the model eagerly: a frame past the
+    recompile limit is given up on. dynamo_counts counts such frames."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from runner.bench import dynamo_counts
+
+    def scale(x, n):
+        return x * n
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    fn = torch.compile(scale, backend="eager", dynamic=False)
+    for n in range(3):  # a new int specializes the graph: the second call needs a recompile
+        assert torch.equal(fn(torch.ones(2), n), torch.full((2,), float(n)))
+    assert dynamo_counts() == {"graphs": 1, "graph_breaks": 0, "frames_failed": 1}
+    torch._dynamo.reset()
 
 
 def test_an_interrupted_reference_comparison_keeps_its_finished_runs(tmp_path, monkeypatch):

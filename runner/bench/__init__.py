@@ -457,13 +457,16 @@ def timed_figures(windows: list[dict], split: TokenizedSplit, timed: list[np.nda
 
 
 def dynamo_counts() -> dict:
-    """What torch.compile made of the entry: graphs compiled and graph breaks, from dynamo's
-    counters (a compile that fails runs eagerly without a word, trainer.compile: so a compiled
-    entry with 0 graphs timed the eager model)."""
+    """What torch.compile made of the entry: graphs compiled, graph breaks, and frames it gave up
+    on, from dynamo's counters. A compile that fails runs eagerly without a word
+    (trainer.compile), so a compiled entry with 0 graphs timed the eager model, and one with
+    failed frames (an error, or the recompile limit) timed those frames eagerly."""
     from torch._dynamo.utils import counters  # noqa: PLC0415 (the compiler stack: compiled entries only)
 
     return {"graphs": int(counters["stats"]["unique_graphs"]),
-            "graph_breaks": int(sum(counters["graph_break"].values()))}
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            # convert_frame counts every frame it tries ("total") and those it compiled ("ok")
+            "frames_failed": int(counters["frames"]["total"] - counters["frames"]["ok"])}
 
 
 def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
@@ -539,6 +542,9 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
         if out["compiled"]["graphs"] == 0:
             log.warning("%s: torch.compile compiled no graph, so this entry timed the eager model",
                         entry.name)
+        elif out["compiled"]["frames_failed"]:
+            log.warning("%s: torch.compile gave up on %d frame(s), which ran eagerly",
+                        entry.name, out["compiled"]["frames_failed"])
     if entry.decode:
         full_length_decoding(parts.model, parts.eos)
         test = parts.data.splits[cfg.data.test_split]
@@ -849,9 +855,11 @@ def print_tables(report: dict) -> None:
         for e in entries:
             if e.get("compiled") is not None:
                 c = e["compiled"]
+                failed = c.get("frames_failed", 0)  # absent from reports written before it was counted
                 console.print(f"{e['name']}: torch.compile made {c['graphs']} graph(s) with "
                               f"{c['graph_breaks']} graph break(s)"
-                              + ("; [red]none compiled: these are eager figures[/]" if c["graphs"] == 0 else ""))
+                              + ("; [red]none compiled: these are eager figures[/]" if c["graphs"] == 0
+                                 else f"; [red]{failed} frame(s) not compiled ran eagerly[/]" if failed else ""))
         timed = next((len(e["windows"]) for e in entries if e["status"] != "failed"), 0)
         console.print(f"tok/s: target tokens per second, median of {timed} timed "
                       f"windows; MFU: model FLOPs per target token x tok/s / peak ({peak['gflops']:,.0f} "
