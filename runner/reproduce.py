@@ -582,7 +582,7 @@ TARGETS: dict[str, Target] = {
         "sgd-control", "T-Fixup Fig. 3c: Post-LN with SGD, deep, no warmup",
         {"real": (Part("reproduce_sgd_control_real"),)}, None),
     "schemes-other": Target(
-        "schemes-other", "All schemes, deep, no warmup: schemes without a Post-LN stack",
+        "schemes-other", "All schemes, deep, no warmup: ReZero, SkipInit, the alpha ramp, Lipschitz v1 and v2",
         {"real": (Part("reproduce_schemes_other_real"),)}, None),
     "schemes-norms": Target(
         "schemes-norms",
