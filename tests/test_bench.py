@@ -524,11 +524,11 @@ def test_dynamo_counts_tell_a_compiled_entry_from_an_eager_fallback():
 
 def test_dynamo_counts_flag_frames_that_fell_back_to_eager(monkeypatch):
     """A compile that made graphs can still run part of the model eagerly: a frame past the
-    recompile limit is given up on. dynamo_counts counts such frames."""
+    recompile limit is given up on. dynamo_counts counts such frames, and eager_fallback says so."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from runner.bench import dynamo_counts
+    from runner.bench import dynamo_counts, eager_fallback
 
     def scale(x, n):
         return x * n
@@ -540,6 +540,9 @@ def test_dynamo_counts_flag_frames_that_fell_back_to_eager(monkeypatch):
     for n in range(3):  # a new int specializes the graph: the second call needs a recompile
         assert torch.equal(fn(torch.ones(2), n), torch.full((2,), float(n)))
     assert dynamo_counts() == {"graphs": 1, "graph_breaks": 0, "frames_failed": 1}
+    assert eager_fallback(dynamo_counts()) == "torch.compile gave up on 1 frame(s), which ran eagerly"
+    assert eager_fallback({"graphs": 0, "graph_breaks": 0}).endswith("these are eager figures")
+    assert eager_fallback({"graphs": 2, "graph_breaks": 1, "frames_failed": 0}) is None
     torch._dynamo.reset()
 
 

@@ -469,6 +469,16 @@ def dynamo_counts() -> dict:
             "frames_failed": int(counters["frames"]["total"] - counters["frames"]["ok"])}
 
 
+def eager_fallback(compiled: dict) -> Optional[str]:
+    """What of a compiled entry ran eagerly, in words (None when all of it compiled), from
+    dynamo_counts(); reports written before frames_failed was counted lack that key."""
+    if compiled["graphs"] == 0:
+        return "torch.compile made no graph: these are eager figures"
+    if compiled.get("frames_failed"):
+        return f"torch.compile gave up on {compiled['frames_failed']} frame(s), which ran eagerly"
+    return None
+
+
 def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
     """Train `entry` (composed into `cfg` from `overrides`) for warm-up + timed updates with the
     real train loop, then decode."""
@@ -539,12 +549,9 @@ def run_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict:
         out["profile"] = profiler.summary
     if entry.compile:
         out["compiled"] = dynamo_counts()
-        if out["compiled"]["graphs"] == 0:
-            log.warning("%s: torch.compile compiled no graph, so this entry timed the eager model",
-                        entry.name)
-        elif out["compiled"]["frames_failed"]:
-            log.warning("%s: torch.compile gave up on %d frame(s), which ran eagerly",
-                        entry.name, out["compiled"]["frames_failed"])
+        fallback = eager_fallback(out["compiled"])
+        if fallback:
+            log.warning("%s: %s", entry.name, fallback)
     if entry.decode:
         full_length_decoding(parts.model, parts.eos)
         test = parts.data.splits[cfg.data.test_split]
@@ -855,11 +862,10 @@ def print_tables(report: dict) -> None:
         for e in entries:
             if e.get("compiled") is not None:
                 c = e["compiled"]
-                failed = c.get("frames_failed", 0)  # absent from reports written before it was counted
+                fallback = eager_fallback(c)
                 console.print(f"{e['name']}: torch.compile made {c['graphs']} graph(s) with "
                               f"{c['graph_breaks']} graph break(s)"
-                              + ("; [red]none compiled: these are eager figures[/]" if c["graphs"] == 0
-                                 else f"; [red]{failed} frame(s) not compiled ran eagerly[/]" if failed else ""))
+                              + (f"; [red]{fallback}[/]" if fallback else ""))
         timed = next((len(e["windows"]) for e in entries if e["status"] != "failed"), 0)
         console.print(f"tok/s: target tokens per second, median of {timed} timed "
                       f"windows; MFU: model FLOPs per target token x tok/s / peak ({peak['gflops']:,.0f} "
