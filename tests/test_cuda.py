@@ -130,6 +130,40 @@ def test_unpadded_batches_run_under_the_flash_kernel_alone():
     assert torch.isfinite(logits).all()
 
 
+class no_host_sync:
+    """Inside, any op that makes the host wait for the GPU (item(), float(), a blocking copy,
+    nonzero) raises: PyTorch's sync debug mode."""
+
+    def __enter__(self):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_bf16_updates_do_not_wait_for_the_gpu():
+    cuda_only()
+    trainer = Trainer(build_run(compose([*RUN, "trainer.precision=bf16"])))
+    trainer.step()  # warm-up: lazy inits (cuBLAS handles, optimizer state, the pinned-memory pool)
+    # the loop reads the loss and divergence counters only every log/check interval
+    with no_host_sync():
+        outs = [trainer.step() for _ in range(3)]
+    assert trainer.state.step == 4
+    assert all(bool(torch.isfinite(out.loss_sum)) for out in outs)
+
+
+def test_validation_does_not_wait_for_the_gpu():
+    cuda_only()
+    trainer = Trainer(build_run(compose([*RUN, "trainer.precision=bf16"])))
+    trainer.validation_sums()  # warm-up
+    # the loss sums are read once, after the loop, by validation_loss()
+    with no_host_sync():
+        sums, tokens = trainer.validation_sums()
+    assert tokens > 0 and bool(torch.isfinite(sums).all())
+    assert trainer.validation_loss()["loss"] == pytest.approx(float(sums[0]) / tokens, rel=1e-6)
+
+
 def test_compile_matches_eager_and_stops_recompiling(tmp_path):
     cuda_only()
     import torch._dynamo

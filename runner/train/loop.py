@@ -150,12 +150,16 @@ def next_update(stream: Iterator[np.ndarray], split, update_freq: int, world: in
     for _ in range(update_freq):
         group = [next(stream) for _ in range(world)]
         global_tokens += int(sum(split.tgt_lengths[g].sum() for g in group))
-        batch = collate(split, group[rank], pad, eos)
-        if device.type == "cuda":
-            batch = batch.pin_memory()
         indices.append(group[rank])
-        batches.append(batch.to(device, non_blocking=True))
+        batches.append(to_device(collate(split, group[rank], pad, eos), device))
     return indices, batches, global_tokens
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """`batch` on `device` without waiting: a GPU copy goes from pinned memory, asynchronously."""
+    if device.type == "cuda":
+        batch = batch.pin_memory()
+    return batch.to(device, non_blocking=True)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -256,24 +260,30 @@ class Trainer:
 
     # ---- validation
     @torch.no_grad()
-    def validation_loss(self) -> dict:
+    def validation_sums(self) -> tuple[torch.Tensor, int]:
+        """This rank's summed validation loss and NLL (a float64 pair on the device) and its
+        target tokens. Nothing here waits for the GPU: the sums stay on the device (adding in
+        float64 as Python floats would), where a float() per batch would sync after each batch."""
         self.model.eval()
         split, pad, eos = self.parts.valid_split, self.parts.pad, self.parts.eos
-        loss_sum = nll_sum = 0.0
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         tokens = 0
         for indices in track(self.parts.valid_batches[self.rank::self.world], "valid"):
-            batch = collate(split, indices, pad, eos).to(self.device)
+            batch = to_device(collate(split, indices, pad, eos), self.device)
             with self.autocast():
                 logits = self.model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
             loss, nll = label_smoothed_nll(logits, batch.target, self.cfg.trainer.label_smoothing, pad)
-            loss_sum += float(loss)
-            nll_sum += float(nll)
+            sums += torch.stack([loss, nll]).double()
             tokens += batch.ntokens
         self.model.train()
+        return sums, tokens
+
+    def validation_loss(self) -> dict:
+        sums, tokens = self.validation_sums()
+        totals = torch.cat([sums.cpu(), torch.tensor([tokens], dtype=torch.float64)])
         if self.world > 1:
-            sums = self.all_reduce(torch.tensor([loss_sum, nll_sum, tokens], dtype=torch.float64,
-                                                device=self.device))
-            loss_sum, nll_sum, tokens = sums.tolist()
+            totals = self.all_reduce(totals.to(self.device)).cpu()
+        loss_sum, nll_sum, tokens = totals.tolist()
         loss, nll = loss_sum / max(tokens, 1), nll_sum / max(tokens, 1)
         return {"loss": loss, "nll_loss": nll, "ppl": math.exp(min(nll, 50.0))}
 
