@@ -141,3 +141,13 @@ def summary_table(result: dict, run_dir: str) -> Table:
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def format_duration(seconds: float) -> str:
+    """A time span as people read it: "95 s", "12.5 min", "3.2 h"."""
+    s = float(seconds)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"

@@ -35,6 +35,7 @@ import torch
 from runner import suite
 from runner.bench import CUDA_BF16_PEAK_TFLOPS, train_flops
 from runner.config import Config, ModelConfig, TrainerConfig
+from runner.console import format_duration
 from runner.evidence import selector_matches
 from runner.records import Records, cell_key, results_root
 from runner.run.evaluate import evaluate_run
@@ -224,15 +225,6 @@ def collect(part: Part, part_dir: Path, extra: Sequence[str] = ()) -> list[CellR
         else:
             out.append(CellResult(clean, c.status, dict(c.result), c.path))
     return out
-
-
-def _fmt_time(s: float) -> str:
-    s = float(s)
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
 
 
 def metric_for(scale: str) -> str:
@@ -534,7 +526,7 @@ def _page(o: Outcome, table: str, checks: Sequence[tuple[str, Optional[bool]]], 
         lines += ["Pattern checks (the paper's claim -> reproduced here?):", ""]
         lines += [f"- {text}: {_yes(ok)}" for text, ok in checks] + [""]
     cell_s = sum(float(c.result.get("wall_s") or 0) for c in all_cells)
-    lines += [f"Cells' own training time, summed: {_fmt_time(cell_s)}.", ""]
+    lines += [f"Cells' own training time, summed: {format_duration(cell_s)}.", ""]
     return "\n".join(lines)
 
 
@@ -903,7 +895,7 @@ def run_real(target: Target, args, tier: str = "real") -> int:
     if minutes:
         wall = estimate_wall_s([minutes * 60] * len(todo), parallel)
         where = "of one GPU to itself" if gpu else "on one core of an idle 2-core machine"
-        print(f"estimated wall time: ~{_fmt_time(wall)} for {len(todo)} cells, {parallel} at a time "
+        print(f"estimated wall time: ~{format_duration(wall)} for {len(todo)} cells, {parallel} at a time "
               f"(~{minutes:.0f} min per cell {where})")
     if args.dry_run:
         return 0
@@ -955,7 +947,7 @@ def run_all_real(args) -> int:
         costs += [real.minutes * 60] * len(todo)
         print(f"  {name:24s} {len(real.cells) - len(todo):3d} of {len(real.cells):3d} cells have a record; "
               f"{len(todo)} to train (~{real.minutes:.0f} min each)")
-    print(f"estimated wall time: ~{_fmt_time(sum(costs) / parallel)} for {len(jobs)} cells, {parallel} at a "
+    print(f"estimated wall time: ~{format_duration(sum(costs) / parallel)} for {len(jobs)} cells, {parallel} at a "
           "time on an idle machine (each preset's cpu_minutes_per_cell)")
     if args.dry_run:
         return 0
@@ -1020,7 +1012,7 @@ def print_status(parallel: int) -> int:
         verdicts = ", ".join(f"{r['verdicts'][v]} {v}" for v in
                              sorted(r["verdicts"], key=lambda v: (order + (v,)).index(v))) or "-"
         remaining = ("done" if r["records"] == r["cells"] else
-                     "-" if r["remaining_s"] is None else f"~{_fmt_time(r['remaining_s'])}")
+                     "-" if r["remaining_s"] is None else f"~{format_duration(r['remaining_s'])}")
         table.add_row(r["target"], f"{r['records']}/{r['cells']}", str(r["ok"]), str(r["diverged"]),
                       str(r["stalled"]), verdicts, remaining)
     total_left = sum(r["remaining_s"] or 0 for r in rows if r["tier"] == "real")
@@ -1029,8 +1021,8 @@ def print_status(parallel: int) -> int:
     console.print(f"cells: with a record / planned (a crashed cell gets no record and runs again); "
                   f"div/stall: diverged, stalled; claims: verdicts so far; left: "
                   f"estimated wall time of the cells without a record, {parallel} at a time on an idle "
-                  f"machine (each preset's cpu_minutes_per_cell); in all ~{_fmt_time(total_left)} of "
-                  f"CPU suites, plus ~{_fmt_time(gpu_left)} of (gpu) suites, one cell at a time on one "
+                  f"machine (each preset's cpu_minutes_per_cell); in all ~{format_duration(total_left)} of "
+                  f"CPU suites, plus ~{format_duration(gpu_left)} of (gpu) suites, one cell at a time on one "
                   "GPU (estimated). `deepinit reproduce TARGET --scale real|gpu` runs a suite's missing "
                   "cells.")
     return 0
@@ -1102,14 +1094,14 @@ def run(args) -> int:
             if scale == "cpu":
                 est = estimate_cell_s(part.preset, c.axes, fixed)
                 costs.append(0.0 if c.status in FINISHED else est)
-                line += f"   ~{_fmt_time(est)}"
+                line += f"   ~{format_duration(est)}"
             print(line + f"   [{c.status}]")
         cmd = deepinit_command(part, pdir, extra, launch)
         print("  command: " + " ".join(cmd))
     if scale == "cpu":
         slots = parallel if launcher == "local" else 1
         print(f"\nestimated wall time of the unfinished cells: "
-              f"~{_fmt_time(estimate_wall_s(costs, slots))} on {slots} core(s) of an idle machine "
+              f"~{format_duration(estimate_wall_s(costs, slots))} on {slots} core(s) of an idle machine "
               f"({SEC_PER_LAYER_UPDATE} s per layer-update of {TOY_MAX_TOKENS} tokens, "
               f"{CELL_OVERHEAD_S:.0f} s per cell), "
               "plus greedy scoring")
@@ -1158,6 +1150,6 @@ def run(args) -> int:
     print()
     print(path.read_text())
     print(f"wrote {path}")
-    print(f"total wall time of this call: {_fmt_time(time.perf_counter() - t0)}")
+    print(f"total wall time of this call: {format_duration(time.perf_counter() - t0)}")
     return rc
 

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from runner.console import console
+from runner.console import console, format_duration
 from runner.evidence import (
     METRIC_KINDS,
     Record,
@@ -209,25 +209,34 @@ class _Pool:
         self.running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                    env=self.env), log))
 
-    def _finish(self, job: Job, proc: subprocess.Popen) -> bool:
-        """Record a cell whose process ended; False when it crashed."""
+    def _finish(self, job: Job, proc: subprocess.Popen, count: str = "") -> bool:
+        """Record a cell whose process ended; False when it crashed. `count` ends its line."""
         cell = job.cell
         record = record_from_run(job.work / cell.name, cell.key, cell.arm, cell.seed)
         if record is None or record["status"] == "failed":
             reason = (record or {}).get("reason") or f"exit code {proc.returncode}"
-            console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name})")
+            console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name}){count}")
             return False
         cell.record = record
         job.records.put(record)
         job.records.save()
         console.print(f"{record['status']:>8} {job.label}: best valid loss "
                       f"{_fmt(record.get('best_valid_loss'), '.3f')}, BLEU "
-                      f"{_fmt(record.get('bleu'), '.2f')}, {record.get('wall_s') or 0:.0f} s")
+                      f"{_fmt(record.get('bleu'), '.2f')}, {record.get('wall_s') or 0:.0f} s{count}")
         return True
+
+    @staticmethod
+    def _count(ended: int, total: int, elapsed_s: float) -> str:
+        """"  [k of N cells, ~T left]" for a log without the progress bar (not a terminal): the
+        time left at the pace so far."""
+        if console.is_terminal:
+            return ""
+        left = "" if ended == total else f", ~{format_duration(elapsed_s / ended * (total - ended))} left"
+        return f"  [{ended} of {total} cells{left}]"
 
     def run(self, progress: Progress) -> int:
         task = progress.add_task("cells", total=len(self.queue), now="")
-        crashed = 0
+        crashed, ended, total, start = 0, 0, len(self.queue), time.monotonic()
         while self.queue or self.running:
             while self.queue and len(self.running) < self.parallel:
                 self._start(self.queue.pop(0))
@@ -239,7 +248,8 @@ class _Pool:
                     continue
                 self.running.remove(item)
                 log.close()
-                crashed += not self._finish(job, proc)
+                ended += 1
+                crashed += not self._finish(job, proc, self._count(ended, total, time.monotonic() - start))
                 if self.on_cell_done is not None:
                     try:
                         self.on_cell_done(job.group)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -280,6 +281,10 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     tier = tmp_path / "out" / "table2-real"
     assert not (tmp_path / "results").exists()
     assert "a variant, kept out of results/" in first.stdout
+    # a log that is not a terminal has no progress bar: each cell's line counts the cells and
+    # says the time left at the pace so far
+    assert re.search(r"\[1 of 8 cells, ~\d+ s left\]", first.stdout), first.stdout[-2000:]
+    assert "[8 of 8 cells]" in first.stdout
     records = [json.loads(line) for line in (tier / "records.jsonl").read_text().splitlines()]
     assert len(records) == 8  # 2 methods x 2 warmups x 2 seeds
     assert {r["seed"] for r in records} == {1, 2}
