@@ -83,3 +83,27 @@ def test_help_piped_into_a_reader_that_exits_early_stops_quietly():
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=120) == 141, err
         assert err == "", err
+
+
+def test_ctrl_c_while_the_verb_loads_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C during the seconds that torch and Hydra take to import (before any verb's own
+    handler exists): one line and SIGINT's status, no traceback."""
+    import importlib
+
+    import pytest
+
+    import runner.cli as cli
+
+    def interrupted_import(name, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib, "import_module", interrupted_import)
+    try:
+        cli.main(["train", "--help"])
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt reached the user as a traceback")
+    except SystemExit as exit_:
+        assert exit_.code == 130
+    else:
+        pytest.fail("main() returned")
+    assert capsys.readouterr().err == "deepinit: interrupted\n"

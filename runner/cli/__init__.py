@@ -60,7 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] == verb:
         args = args[1:]
     try:
-        code = importlib.import_module(VERBS[verb]).main(args)
+        verb_module = importlib.import_module(VERBS[verb])
+    except KeyboardInterrupt:  # Ctrl-C while torch and Hydra load: nothing started, so one line
+        sys.stderr.write("deepinit: interrupted\n")
+        raise SystemExit(128 + signal.SIGINT) from None
+    try:
+        code = verb_module.main(args)
         sys.stdout.flush()  # a reader that went away shows here, where it can still be handled
     except BrokenPipeError:
         if not _stdout_reader_gone():
