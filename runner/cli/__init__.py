@@ -60,12 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] == verb:
         args = args[1:]
     try:
-        verb_module = importlib.import_module(VERBS[verb])
-    except KeyboardInterrupt:  # Ctrl-C while torch and Hydra load: nothing started, so one line
-        sys.stderr.write("deepinit: interrupted\n")
-        raise SystemExit(128 + signal.SIGINT) from None
-    try:
-        code = verb_module.main(args)
+        code = importlib.import_module(VERBS[verb]).main(args)
         sys.stdout.flush()  # a reader that went away shows here, where it can still be handled
     except BrokenPipeError:
         if not _stdout_reader_gone():
@@ -74,6 +69,12 @@ def main(argv: list[str] | None = None) -> None:
         # as Unix tools do; stdout goes to /dev/null so that the exit's own flush cannot fail
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 128 + signal.SIGPIPE
+    except KeyboardInterrupt as exc:
+        # Ctrl-C where no verb handles it (a running job and a sweep do: they mark what they
+        # stop), e.g. while torch and Hydra import: one line, not a traceback. SIGTERM arrives
+        # as a KeyboardInterrupt that carries its number (runner.sweep.cells.Interrupted).
+        sys.stderr.write("deepinit: interrupted\n")
+        code = 128 + getattr(exc, "signum", signal.SIGINT)
     raise SystemExit(code)
 
 
