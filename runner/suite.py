@@ -227,8 +227,8 @@ class _Pool:
 
     @staticmethod
     def _count(ended: int, total: int, elapsed_s: float) -> str:
-        """"  [k of N cells, ~T left]" for a log without the progress bar (not a terminal): the
-        time left at the pace so far."""
+        """The end of a finished cell's line in a log without the progress bar (not a terminal):
+        '[k of N cells, ~T left]', T at the pace so far."""
         if console.is_terminal:
             return ""
         left = "" if ended == total else f", ~{format_duration(elapsed_s / ended * (total - ended))} left"
