@@ -196,6 +196,10 @@ def estimate_cell_s(preset: str, axes: dict[str, str], fixed: Sequence[str]) -> 
     return float(updates) * per_update + CELL_OVERHEAD_S
 
 
+def cell_count(n: int) -> str:
+    return f"{n} cell" if n == 1 else f"{n} cells"
+
+
 def estimate_wall_s(costs: Sequence[float], parallel: int) -> float:
     """Wall time of cells run `parallel` at a time, longest first (what a pool of slots does)."""
     slots = [0.0] * max(1, parallel)
@@ -895,7 +899,7 @@ def run_real(target: Target, args, tier: str = "real") -> int:
     if minutes:
         wall = estimate_wall_s([minutes * 60] * len(todo), parallel)
         where = "of one GPU to itself" if gpu else "on one core of an idle 2-core machine"
-        print(f"estimated wall time: ~{format_duration(wall)} for {len(todo)} cells, {parallel} at a time "
+        print(f"estimated wall time: ~{format_duration(wall)} for {cell_count(len(todo))}, {parallel} at a time "
               f"(~{minutes:.0f} min per cell {where})")
     if args.dry_run:
         return 0
@@ -947,8 +951,8 @@ def run_all_real(args) -> int:
         costs += [real.minutes * 60] * len(todo)
         print(f"  {name:24s} {len(real.cells) - len(todo):3d} of {len(real.cells):3d} cells have a record; "
               f"{len(todo)} to train (~{real.minutes:.0f} min each)")
-    print(f"estimated wall time: ~{format_duration(sum(costs) / parallel)} for {len(jobs)} cells, {parallel} at a "
-          "time on an idle machine (each preset's cpu_minutes_per_cell)")
+    print(f"estimated wall time: ~{format_duration(sum(costs) / parallel)} for {cell_count(len(jobs))}, "
+          f"{parallel} at a time on an idle machine (each preset's cpu_minutes_per_cell)")
     if args.dry_run:
         return 0
 

@@ -433,7 +433,12 @@ def provenance(records: Sequence[dict]) -> str:
     machines = sorted({f"{(r.get('machine') or {}).get('device_name')}, "
                        f"{(r.get('machine') or {}).get('threads')} thread(s), torch "
                        f"{(r.get('machine') or {}).get('torch')}" for r in records})
-    return f"Commits: {', '.join(c[:10] for c in commits) or '-'}. Machines: {'; '.join(machines) or '-'}."
+    line = f"Commits: {', '.join(c[:10] for c in commits) or '-'}. Machines: {'; '.join(machines) or '-'}."
+    wall = [r["wall_s"] / 60 for r in records if r.get("wall_s")]
+    if wall:  # what a user plans a sitting by; a diverged cell stops early and counts as it ran
+        line += (f" Wall time per cell: median {float(np.median(wall)):.1f} min "
+                 f"({min(wall):.1f} to {max(wall):.1f}).")
+    return line
 
 
 def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:

@@ -264,6 +264,15 @@ def test_grid_heatmap_panels_and_png(tmp_path):
     assert "heatmap.png: per optim.lr optim.beta2 setting" in suite.render("grid", "Grid", "reproduce_grid_real", cells)
 
 
+def test_provenance_gives_the_commits_machines_and_wall_time_per_cell():
+    machine = {"git_commit": "0123456789abcdef", "device_name": "AMD EPYC", "threads": 1, "torch": "2.13.0+cpu"}
+    records = [{"machine": machine, "wall_s": s} for s in (300.0, 1200.0, 600.0)]
+    line = suite.provenance(records + [{"machine": machine, "wall_s": None}])  # a record without one is skipped
+    assert line == ("Commits: 0123456789. Machines: AMD EPYC, 1 thread(s), torch 2.13.0+cpu. "
+                    "Wall time per cell: median 10.0 min (5.0 to 20.0).")
+    assert "Wall time" not in suite.provenance([{"machine": machine}])
+
+
 def test_curve_slope():
     assert suite.curve_slope([(200, 5.0), (400, 4.0), (600, 3.8), (800, 3.7)]) == pytest.approx(-0.75)
     assert suite.curve_slope([(200, 5.0)]) is None
