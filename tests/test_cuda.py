@@ -93,6 +93,21 @@ def test_fused_adam_matches_foreach(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), a["step"]
 
 
+def test_radam_on_the_device_follows_the_cpu(tmp_path):
+    """RAdam (the Admin recipes' optimizer) updates its parameters as lists (torch._foreach_*);
+    on the GPU those are multi-tensor kernels, on the CPU per-tensor ones: same losses within
+    fp32 rounding over 20 updates, past step 6, where the rectified update starts."""
+    radam = ["trainer.precision=fp32", "optim=radam", "warmup=none", "optim.lr=1e-3"]
+    _, on_device = train_losses(tmp_path, "device", radam)
+    cfg = compose([*[o for o in RUN if not o.startswith("trainer.device=")], "trainer.device=cpu", *radam])
+    train(cfg, tmp_path / "cpu")
+    rows = [json.loads(line) for line in (tmp_path / "cpu" / "metrics.jsonl").read_text().splitlines()]
+    on_cpu = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in on_device] == [r["step"] for r in on_cpu] == [5, 10, 15, 20]
+    for a, b in zip(on_device, on_cpu):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), a["step"]
+
+
 def _one_step_ops(extra: list[str]) -> set[str]:
     """The profiler's op names of one bf16 training update."""
     parts = build_run(compose([*RUN, "trainer.precision=bf16", *extra]))

@@ -184,3 +184,47 @@ def test_fused_adam_on_cpu_by_default_and_same_trajectory():
         weights[fused] = p.detach()
     assert not torch.equal(weights["null"], torch.ones(5, 7))
     torch.testing.assert_close(weights["null"], weights["false"], rtol=1e-5, atol=1e-6)
+
+
+def per_parameter_radam(params, grads_per_step, mode, lr=0.1, wd=0.01, beta1=0.9, beta2=0.999, eps=1e-8):
+    """RAdam one parameter at a time with in-place tensor ops (the loop the optimizer ran before
+    it updated lists with torch._foreach_*): the arithmetic the committed real-tier records hold."""
+    from runner.train.optim import rectification
+    params = [p.detach().clone() for p in params]
+    state = [dict(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p)) for p in params]
+    for grads in grads_per_step:
+        for p, g, s in zip(params, grads, state):
+            if g is None:
+                continue
+            s["step"] += 1
+            t = s["step"]
+            s["m"].mul_(beta1).add_(g, alpha=1 - beta1)
+            s["v"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.mul_(1 - lr * wd)
+            rho_t, r_t = rectification(t, beta2)
+            bias1 = 1 - beta1 ** t
+            if rho_t >= 5:
+                p.addcdiv_(s["m"], s["v"].sqrt().add_(eps), value=-(lr * r_t * math.sqrt(1 - beta2 ** t) / bias1))
+            elif mode == "sgd_fallback":
+                p.add_(s["m"], alpha=-lr / bias1)
+    return params
+
+
+@pytest.mark.parametrize("mode", ["admin", "sgd_fallback"])
+def test_radam_lists_update_bit_for_bit_as_one_parameter_at_a_time(mode):
+    """The list (foreach) update keeps every bit of the per-parameter one, including parameters
+    whose step counts differ because they had no gradient at some updates."""
+    torch.manual_seed(0)
+    shapes = [(7, 3), (3,), (4, 5, 2), (1,)]
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    grads_per_step = [[None if (i == 1 and t in (2, 7)) else torch.randn(s) for i, s in enumerate(shapes)]
+                      for t in range(12)]  # past step 6, where rho_t first reaches 5
+    want = per_parameter_radam(params, grads_per_step, mode)
+    opt = RAdam(params, lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, mode=mode)
+    for grads in grads_per_step:
+        for p, g in zip(params, grads):
+            p.grad = None if g is None else g.clone()
+        opt.step()
+    assert [opt.state[p]["step"] for p in params] == [12, 10, 12, 12]
+    for got, expected in zip(params, want):
+        assert torch.equal(got.detach(), expected)

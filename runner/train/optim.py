@@ -50,6 +50,10 @@ class RAdam(Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            # One list per step count (a parameter without a gradient keeps its count), so that
+            # each list shares r_t and the step size: torch._foreach_* then updates a list with a
+            # few kernels instead of a few per parameter (on CPU, the same per-tensor kernels).
+            by_step: dict[int, list[torch.Tensor]] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -59,20 +63,26 @@ class RAdam(Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                t = state["step"]
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                grad = p.grad.float() if p.dtype != torch.float32 else p.grad
-                m.mul_(beta1).add_(grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                by_step.setdefault(state["step"], []).append(p)
+            for t, params in by_step.items():
+                ms = [self.state[p]["exp_avg"] for p in params]
+                vs = [self.state[p]["exp_avg_sq"] for p in params]
+                grads = [p.grad.float() if p.dtype != torch.float32 else p.grad for p in params]
+                torch._foreach_mul_(ms, beta1)
+                torch._foreach_add_(ms, grads, alpha=1 - beta1)
+                torch._foreach_mul_(vs, beta2)
+                torch._foreach_addcmul_(vs, grads, grads, value=1 - beta2)
                 if wd != 0:
-                    p.mul_(1 - lr * wd)
+                    torch._foreach_mul_(params, 1 - lr * wd)
                 rho_t, r_t = rectification(t, beta2)
                 bias1 = 1 - beta1 ** t
                 if rho_t >= 5:
                     step_size = lr * r_t * math.sqrt(1 - beta2 ** t) / bias1
-                    p.addcdiv_(m, v.sqrt().add_(eps), value=-step_size)
+                    denom = torch._foreach_sqrt(vs)
+                    torch._foreach_add_(denom, eps)
+                    torch._foreach_addcdiv_(params, ms, denom, value=-step_size)
                 elif self.mode == "sgd_fallback":
-                    p.add_(m, alpha=-lr / bias1)
+                    torch._foreach_add_(params, ms, alpha=-lr / bias1)
         return loss
 
 
