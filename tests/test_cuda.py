@@ -264,3 +264,41 @@ def test_beam_search_on_gpu_gives_the_cpu_hypotheses(tmp_path):
     # between two beams; more than one of 50 sentences differing is a bug, not rounding
     assert len(differing) <= 1, [(cpu_hyps[i], gpu_hyps[i]) for i in differing[:3]]
     assert gpu["bleu"] == pytest.approx(cpu["bleu"], abs=1.0)
+
+
+def test_beam_search_waits_for_the_gpu_once_a_step(monkeypatch):
+    """A decode step reads the device once (runner.decode.search._to_host); any other read
+    would stop the host from queueing the next step's kernels while the GPU runs. The CPU
+    counterpart (tests/test_decode.py) counts the torch ops that would read the device."""
+    cuda_only()
+    import warnings
+
+    from runner.decode import search
+    from runner.run.build import model_for
+
+    torch.manual_seed(0)
+    model = model_for(compose(["model=ci", "model.dropout=0.0"]), 40, 40, 1)
+    model = model.to(DEVICE).select_kernels("cuda").eval()
+    src = torch.randint(4, 40, (24, 9), device=DEVICE)
+    src[:, -1] = 2
+    src[::3, 4], src[::3, 5:] = 2, 1  # some shorter sources, padded
+    steps = []
+    real = search._to_host
+    monkeypatch.setattr(search, "_to_host", lambda flags: steps.append(1) or real(flags))
+    kwargs = dict(max_len_a=0.0, max_len_b=16)
+    search.generate(model, src, 5, 1, 0, 2, **kwargs)  # warm-up: lazy CUDA inits
+    steps.clear()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            search.generate(model, src, 5, 1, 0, 2, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    print(f"beam 5, {len(steps)} steps: {len(syncs)} waits for the GPU")
+    assert len(steps) >= 10
+    # per batch, outside the steps: is there padding, the length caps there and back, and the
+    # three result lists read at the end
+    assert len(syncs) <= len(steps) + 8, syncs[:3]

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from conftest import compose
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from runner.data.dataset import TokenizedSplit
 from runner.decode.search import beam_search, decode_batches, greedy_search
@@ -14,6 +15,7 @@ from runner.run.build import model_for as build_model
 from runner.run.folder import average_checkpoints
 
 PAD, BOS, EOS = 1, 0, 2
+aten = torch.ops.aten
 VOCAB = 40
 
 
@@ -174,3 +176,44 @@ def test_beams_keep_their_cache_rows():
     first = torch.stack([torch.tensor([p[:i].tolist().count(p[i]) == 0 for i in range(5)])
                          for p in parents])
     assert (slots[first] == parents[first]).all()  # a first child stays in its parent's row
+
+
+class DeviceReads(TorchDispatchMode):
+    """Counts the torch ops whose result the host has to wait for on CUDA: a scalar read (item,
+    bool, int) and the ops whose output size depends on the data (nonzero, boolean indexing).
+    The search keeps its host-side state in numpy, so on CPU every such torch op stands for a
+    read of the device."""
+
+    SCALAR = {aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default}
+    SIZED_BY_DATA = {aten.nonzero.default, aten.masked_select.default, aten.unique_dim.default,
+                     aten._unique2.default}
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        bool_index = func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default) \
+            and any(t is not None and t.dtype == torch.bool for t in args[1])
+        if func in self.SCALAR or func in self.SIZED_BY_DATA or bool_index:
+            self.ops.append(str(func))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_decode_step_reads_the_device_once(model, beam, monkeypatch):
+    """On CUDA every read of the device stops the host from queueing the next kernels; a step
+    reads it once (which sentences finished, which cache rows moved), through _to_host."""
+    from runner.decode import search
+
+    steps = []
+    real = search._to_host
+    monkeypatch.setattr(search, "_to_host", lambda flags: steps.append(1) or real(flags))
+    src = sources(seed=4, n=16)
+    with DeviceReads() as reads:
+        out = search.generate(model, src, beam, PAD, BOS, EOS, max_len_a=1.0, max_len_b=3)
+    assert reads.ops == ["aten.is_nonzero.default"]  # once per batch: is there padding?
+    longest = max(len(t) for t in out.tokens)
+    assert longest + 1 >= len(steps) >= 3  # one per step, and steps were run
+    assert len({len(t) for t in out.tokens}) > 1  # sentences left the batch at different steps

@@ -15,6 +15,10 @@ Decoding is batched over sentences and beams and incremental: each decoder layer
 self-attention keys/values, cross-attention keys/values are computed and read once per sentence
 (its beams attend as one group of queries; fairseq copies them per beam), and finished sentences
 leave the batch, so later steps compute live beams only.
+
+A step reads the device once (_to_host: which sentences finished, which cache rows moved); every
+other decision is made on the host from lengths it already knows, or on the device without
+reading it back, so on CUDA the host can queue the next step's kernels while the GPU runs.
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ class Hypotheses:
 
 
 def _max_lengths(src_tokens: torch.Tensor, pad: int, max_len_a: float, max_len_b: int,
-                 max_positions: int, batch_max_len: bool) -> torch.Tensor:
+                 max_positions: int, batch_max_len: bool) -> np.ndarray:
     """Per sentence, the most tokens generated before eos is forced.
 
     batch_max_len=True reproduces fairseq-generate exactly, whose src_len is the batch's padded
@@ -54,19 +58,26 @@ def _max_lengths(src_tokens: torch.Tensor, pad: int, max_len_a: float, max_len_b
         src_len = (src_tokens != pad).sum(1).double().cpu()
     cap = (max_len_a * src_len + max_len_b).floor().long()
     # positions 0..max_len are fed to the decoder; at least one real token before eos
-    return cap.clamp(min=1, max=max_positions - 1)
+    return cap.clamp(min=1, max=max_positions - 1).numpy()
+
+
+def _to_host(flags: torch.Tensor) -> np.ndarray:
+    """The one read of the device in a decode step (on CUDA the host waits here for the GPU).
+    What the host keeps is numpy, what the device computes is torch: the two never mix."""
+    return flags.cpu().numpy()
 
 
 def _mask_special(lprobs: torch.Tensor, step: int, force_eos: Optional[torch.Tensor],
                   pad: int, bos: int, eos: int) -> torch.Tensor:
-    """In place on (rows, vocab) scores: never pad or bos, no eos first, eos where forced."""
+    """In place on (rows, vocab) scores: never pad or bos, no eos first, eos where forced
+    (force_eos: a bool per row, or None when the host knows that no row is forced)."""
     lprobs[:, pad] = NEG_INF
     lprobs[:, bos] = NEG_INF
     if step == 0:  # fairseq min_len=1: no empty hypotheses
         lprobs[:, eos] = NEG_INF
     if force_eos is not None:
         eos_col = lprobs[:, eos].clone()
-        lprobs[force_eos] = NEG_INF
+        lprobs.masked_fill_(force_eos[:, None], NEG_INF)  # (boolean indexing would sync on CUDA)
         lprobs[:, eos] = eos_col
     return lprobs
 
@@ -105,10 +116,9 @@ def _keep_in_place(parents: torch.Tensor) -> torch.Tensor:
     return torch.where(first, parents, free.gather(1, extra))
 
 
-def _reorder_rows(caches: list[dict], parents: torch.Tensor) -> None:
+def _reorder_rows(caches: list[dict], parents: torch.Tensor, moved: torch.Tensor) -> None:
     """Self-attention caches after a step without pruning: copy only the rows that take
-    another row's hypothesis, in place."""
-    moved = (parents != torch.arange(parents.shape[0], device=parents.device)).nonzero().squeeze(1)
+    another row's hypothesis (`moved`, the rows where parents differs from the row), in place."""
     if moved.numel() == 0:
         return
     sources = parents[moved]
@@ -132,6 +142,12 @@ def _select(caches: list[dict], rows: torch.Tensor, part: str) -> None:
                 sub[key] = _rows(value, rows)
 
 
+def _rows_where(flags: torch.Tensor, flags_host: np.ndarray) -> torch.Tensor:
+    """The rows where the bool `flags` (on the device) is True, found without reading the
+    device again: flags_host, its copy, already says how many there are (nonzero would wait)."""
+    return torch.nonzero_static(flags, size=int(flags_host.sum())).squeeze(1)
+
+
 @torch.inference_mode()
 def greedy_search(model, src_tokens: torch.Tensor, pad: int, bos: int, eos: int,
                   max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0,
@@ -143,34 +159,38 @@ def greedy_search(model, src_tokens: torch.Tensor, pad: int, bos: int, eos: int,
     has_pad = bool((src_tokens == pad).any())
     memory, mask = model.encode(src_tokens, has_pad)
     caches = _cross_caches(model, memory, 1)
-    max_len = _max_lengths(src_tokens, pad, max_len_a, max_len_b, model.cfg.max_positions,
-                           batch_max_len).to(device)
-    longest = int(max_len.max())
+    max_len_host = _max_lengths(src_tokens, pad, max_len_a, max_len_b, model.cfg.max_positions,
+                                batch_max_len)
+    max_len = torch.from_numpy(max_len_host).to(device)
+    longest = int(max_len_host.max())
     out = torch.full((n, longest + 1), pad, dtype=torch.long, device=device)
     score = torch.zeros(n, dtype=torch.float32, device=device)
-    final_len = torch.zeros(n, dtype=torch.long, device=device)
     alive = torch.arange(n, device=device)  # original index of each live row
+    alive_host = np.arange(n)
     prev = torch.full((n, 1), eos, dtype=torch.long, device=device)
     for step in range(longest + 1):
         logits = model.decode(prev, memory, mask, caches, start=step)[:, -1].float()
-        force = max_len[alive] <= step
-        lprobs = _mask_special(F.log_softmax(logits, -1), step, force if bool(force.any()) else None,
-                               pad, bos, eos)
+        forced = bool((max_len_host[alive_host] <= step).any())  # on the host: no wait
+        lprobs = _mask_special(F.log_softmax(logits, -1), step,
+                               max_len[alive] <= step if forced else None, pad, bos, eos)
         best_lp, tok = lprobs.max(-1)
         score[alive] += best_lp
         out[alive, step] = tok
         done = tok == eos
-        if bool(done.any()):
-            final_len[alive[done]] = step
-            keep = (~done).nonzero().squeeze(1)
-            if keep.numel() == 0:
+        done_host = _to_host(done)
+        if done_host.any():
+            keep_host = np.flatnonzero(~done_host)
+            if keep_host.size == 0:
                 break
-            alive, tok = alive[keep], tok[keep]
+            keep = _rows_where(~done, ~done_host)
+            alive, alive_host, tok = alive[keep], alive_host[keep_host], tok[keep]
             _select(caches, keep, "self")
             _select(caches, keep, "cross")
             if mask is not None:
                 mask = _rows(mask, keep)
         prev = tok[:, None]
+    # a row's only eos is its last token (eos is forced at its cap); argmax finds the first
+    final_len = (out == eos).long().argmax(1)
     lengths = final_len.tolist()
     rows = out.tolist()
     scores = (score / (final_len + 1).double().pow(lenpen).float()).tolist()
@@ -188,9 +208,10 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
     n, k = src_tokens.shape[0], beam
     has_pad = bool((src_tokens == pad).any())
     memory, mask = model.encode(src_tokens, has_pad)
-    max_len = _max_lengths(src_tokens, pad, max_len_a, max_len_b, model.cfg.max_positions,
-                           batch_max_len).to(device)
-    longest = int(max_len.max())
+    max_len_host = _max_lengths(src_tokens, pad, max_len_a, max_len_b, model.cfg.max_positions,
+                                batch_max_len)
+    max_len = torch.from_numpy(max_len_host).to(device)
+    longest = int(max_len_host.max())
     if use_cache:  # the mask, like the cross caches, stays one row per sentence
         caches = _cross_caches(model, memory, k)
     else:
@@ -199,6 +220,7 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
             mask = mask.repeat_interleave(k, 0)
 
     sent = torch.arange(n, device=device)  # original index of each live sentence
+    sent_host = np.arange(n)  # the same, on the host
     tokens = torch.full((n * k, longest + 2), eos, dtype=torch.long, device=device)
     # Only the first beam is live at step 0 (all beams hold the same prefix).
     scores = torch.full((n, k), NEG_INF, device=device)
@@ -230,32 +252,36 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
             lprobs = F.log_softmax(logits[:, -1].float(), -1)
         vocab = lprobs.shape[-1]
         cand = lprobs.add_(scores[:, None])
-        force = max_len[sent].repeat_interleave(k) <= step
-        cand = _mask_special(cand, step, force if bool(force.any()) else None, pad, bos, eos)
+        forced = bool((max_len_host[sent_host] <= step).any())  # on the host: no wait
+        at_cap = max_len[sent] <= step if forced else None
+        cand = _mask_special(cand, step, at_cap.repeat_interleave(k) if forced else None,
+                             pad, bos, eos)
         live = sent.shape[0]
         cand = cand.view(live, k * vocab)
         top_score, top_index = cand.topk(2 * k, dim=1)
         top_beam = torch.div(top_index, vocab, rounding_mode="floor")
         top_token = top_index - top_beam * vocab
         is_eos = (top_token == eos) & torch.isfinite(top_score)
+        base = torch.arange(live, device=device)
 
-        # Finalise eos among the top `beam` candidates, at most `beam` per sentence.
+        # Finalise eos among the top `beam` candidates, at most `beam` per sentence; a sentence
+        # whose best finalised hypothesis improves copies its tokens (computed for every
+        # sentence and kept where it improves, rather than asking the device which did).
         fin = is_eos[:, :k]
-        if bool(fin.any()):
-            accepted = fin & (n_final[:, None] + fin.cumsum(1) <= k)
-            normed = torch.where(accepted, top_score[:, :k] / (step + 1) ** lenpen,
-                                 torch.full_like(top_score[:, :k], NEG_INF))
-            m, arg = normed.max(1)
-            improve = m > best_score[sent]
-            if bool(improve.any()):
-                rows = improve.nonzero().squeeze(1)
-                parent = top_beam[rows, arg[rows]] + rows * k
-                ids = sent[rows]
-                best_score[ids] = m[rows]
-                best_len[ids] = step
-                best_tokens[ids, :step] = tokens[parent, 1:step + 1]
-            n_final += accepted.sum(1)
-        finished = (n_final >= k) | (max_len[sent] <= step)
+        accepted = fin & (n_final[:, None] + fin.cumsum(1) <= k)
+        normed = torch.where(accepted, top_score[:, :k] / (step + 1) ** lenpen,
+                             torch.full_like(top_score[:, :k], NEG_INF))
+        m, arg = normed.max(1)
+        best_here = best_score[sent]
+        improve = m > best_here
+        best_score[sent] = torch.where(improve, m, best_here)
+        best_len[sent] = torch.where(improve, step, best_len[sent])
+        if step > 0:
+            parent = top_beam.gather(1, arg[:, None]).squeeze(1) + base * k
+            best_tokens[sent, :step] = torch.where(improve[:, None], tokens[parent, 1:step + 1],
+                                                   best_tokens[sent, :step])
+        n_final += accepted.sum(1)
+        finished = n_final >= k if at_cap is None else (n_final >= k) | at_cap
 
         # Continue with the first `beam` candidates that are not a finished eos.
         order = (is_eos.long() * (2 * k) + cand_rank).topk(k, dim=1, largest=False).indices
@@ -267,14 +293,19 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
             next_beam = torch.empty_like(next_beam).scatter_(1, slot, next_beam)
             next_token = torch.empty_like(next_token).scatter_(1, slot, next_token)
             next_score = torch.empty_like(next_score).scatter_(1, slot, next_score)
-        base = torch.arange(live, device=device)
-        pruned = bool(finished.any())
+        parents = (next_beam + base[:, None] * k).view(-1)
+        moved = parents != torch.arange(live * k, device=device)
+        flags_host = _to_host(torch.cat([finished, moved]))
+        finished_host, moved_host = flags_host[:live], flags_host[live:]
+        pruned = bool(finished_host.any())
         if pruned:
-            keep = (~finished).nonzero().squeeze(1)
-            if keep.numel() == 0:
+            keep_host = np.flatnonzero(~finished_host)
+            if keep_host.size == 0:
                 break
+            keep = _rows_where(~finished, ~finished_host)
             next_beam, next_token, next_score = next_beam[keep], next_token[keep], next_score[keep]
-            sent, n_final, base = sent[keep], n_final[keep], base[keep]
+            sent, sent_host, n_final = sent[keep], sent_host[keep_host], n_final[keep]
+            parents = (next_beam + keep[:, None] * k).view(-1)
             if use_cache:
                 _select(caches, keep, "cross")
                 if mask is not None:
@@ -284,7 +315,6 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
                 memory = _rows(memory, sentence_rows)
                 if mask is not None:
                     mask = _rows(mask, sentence_rows)
-        parents = (next_beam + base[:, None] * k).view(-1)
         tokens = _rows(tokens, parents)
         tokens[:, step + 1] = next_token.view(-1)
         scores = next_score.view(-1)
@@ -292,7 +322,7 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
             if pruned:
                 _select(caches, parents, "self")
             else:
-                _reorder_rows(caches, parents)
+                _reorder_rows(caches, parents, _rows_where(moved, moved_host))
 
     lengths = best_len.tolist()
     rows = best_tokens.tolist()
