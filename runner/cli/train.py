@@ -275,6 +275,12 @@ def main(args: list[str]) -> int:
         if exit_.code == 1 and not _task_started:
             raise SystemExit(2)
         raise
+    except ValueError as exc:
+        # Hydra's check of its own flags (e.g. `-m ... --cfg job`), raised before composing
+        if _task_started or not str(exc).startswith("Only one of"):
+            raise
+        sys.stderr.write(f"deepinit: {exc} (got: {' '.join(flags)})\n")
+        return 2
     if not multirun and (note := cfg_print_note(args)):
         print(note)
     return sweep_summary(sweep_dir, started) if multirun else 0
