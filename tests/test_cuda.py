@@ -266,10 +266,11 @@ def test_beam_search_on_gpu_gives_the_cpu_hypotheses(tmp_path):
     assert gpu["bleu"] == pytest.approx(cpu["bleu"], abs=1.0)
 
 
-def test_beam_search_waits_for_the_gpu_once_a_step(monkeypatch):
+@pytest.mark.parametrize("beam", [1, 5])
+def test_beam_search_waits_for_the_gpu_once_a_step(beam, monkeypatch):
     """A decode step reads the device once (runner.decode.search._to_host); any other read
     would stop the host from queueing the next step's kernels while the GPU runs. The CPU
-    counterpart (tests/test_decode.py) counts the torch ops that would read the device."""
+    counterpart (tests/test_decode.py) counts the torch ops and copies that would wait."""
     cuda_only()
     import warnings
 
@@ -281,24 +282,30 @@ def test_beam_search_waits_for_the_gpu_once_a_step(monkeypatch):
     model = model.to(DEVICE).select_kernels("cuda").eval()
     src = torch.randint(4, 40, (24, 9), device=DEVICE)
     src[:, -1] = 2
-    src[::3, 4], src[::3, 5:] = 2, 1  # some shorter sources, padded
+    src[::3, 4], src[::3, 5:] = 2, 1  # shorter sources, padded: their length caps come first
     steps = []
     real = search._to_host
     monkeypatch.setattr(search, "_to_host", lambda flags: steps.append(1) or real(flags))
-    kwargs = dict(max_len_a=0.0, max_len_b=16)
-    search.generate(model, src, 5, 1, 0, 2, **kwargs)  # warm-up: lazy CUDA inits
-    steps.clear()
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            search.generate(model, src, 5, 1, 0, 2, **kwargs)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-    print(f"beam 5, {len(steps)} steps: {len(syncs)} waits for the GPU")
-    assert len(steps) >= 10
-    # per batch, outside the steps: is there padding, the length caps there and back, and the
-    # three result lists read at the end
-    assert len(syncs) <= len(steps) + 8, syncs[:3]
+
+    def waits(max_len_b: int) -> tuple[int, int]:
+        steps.clear()
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                search.generate(model, src, beam, 1, 0, 2, max_len_a=1.0, max_len_b=max_len_b)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return len(steps), sum("synchroniz" in str(w.message) for w in caught)
+
+    waits(2)  # warm-up: lazy CUDA inits
+    short_steps, short_waits = waits(2)
+    long_steps, long_waits = waits(12)
+    print(f"beam {beam}: {short_steps} steps, {short_waits} waits; "
+          f"{long_steps} steps, {long_waits} waits")
+    assert long_steps - short_steps >= 8
+    # every further step waits once; the waits outside the steps (is there padding, the length
+    # caps there and back, the result lists) do not depend on how many steps ran
+    assert long_waits - short_waits == long_steps - short_steps
+    assert short_waits <= short_steps + 8

@@ -186,7 +186,7 @@ class DeviceReads(TorchDispatchMode):
 
     SCALAR = {aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default}
     SIZED_BY_DATA = {aten.nonzero.default, aten.masked_select.default, aten.unique_dim.default,
-                     aten._unique2.default}
+                     aten._unique2.default, aten.unique_consecutive.default, aten.bincount.default}
 
     def __init__(self):
         super().__init__()
@@ -196,24 +196,65 @@ class DeviceReads(TorchDispatchMode):
         kwargs = kwargs or {}
         bool_index = func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default) \
             and any(t is not None and t.dtype == torch.bool for t in args[1])
-        if func in self.SCALAR or func in self.SIZED_BY_DATA or bool_index:
+        sized = func in self.SIZED_BY_DATA or (
+            func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None)
+        if func in self.SCALAR or sized or bool_index:
             self.ops.append(str(func))
         return func(*args, **kwargs)
 
 
+def count_transfers(monkeypatch) -> list[str]:
+    """Calls that copy between host and device on CUDA, which dispatch cannot see on the CPU
+    (there they return the tensor itself or leave torch)."""
+    calls: list[str] = []
+
+    def counted(name, moves=lambda *a, **k: True):
+        real = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            if moves(*args, **kwargs):
+                calls.append(name)
+            return real(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+
+    for name in ("cpu", "cuda", "tolist", "item"):
+        counted(name)
+    counted("to", lambda *a, **k: "device" in k or any(isinstance(x, (str, torch.device))
+                                                       for x in a))
+    return calls
+
+
 @pytest.mark.parametrize("beam", [1, 4])
-def test_a_decode_step_reads_the_device_once(model, beam, monkeypatch):
+@pytest.mark.parametrize("static", [True, False])
+def test_a_decode_step_reads_the_device_once(model, beam, static, monkeypatch):
     """On CUDA every read of the device stops the host from queueing the next kernels; a step
-    reads it once (which sentences finished, which cache rows moved), through _to_host."""
+    reads it once (which sentences finished, which cache rows moved), through _to_host.
+    static=False: a torch without nonzero_static on CUDA, where the search falls back to
+    nonzero (one more wait when rows leave) and gives the same hypotheses."""
     from runner.decode import search
 
-    steps = []
-    real = search._to_host
-    monkeypatch.setattr(search, "_to_host", lambda flags: steps.append(1) or real(flags))
     src = sources(seed=4, n=16)
+    expected = search.generate(model, src, beam, PAD, BOS, EOS, max_len_a=1.0, max_len_b=3)
+    if not static:
+        def missing(*args, **kwargs):
+            raise NotImplementedError("aten::nonzero_static: no kernel for this backend")
+        monkeypatch.setattr(torch, "nonzero_static", missing)
+    reads_of_host = []
+    real = search._to_host
+    monkeypatch.setattr(search, "_to_host", lambda flags: reads_of_host.append(1) or real(flags))
+    steps = []
+    decode = model.decode
+    monkeypatch.setattr(model, "decode", lambda *a, **k: steps.append(1) or decode(*a, **k))
+    transfers = count_transfers(monkeypatch)
     with DeviceReads() as reads:
         out = search.generate(model, src, beam, PAD, BOS, EOS, max_len_a=1.0, max_len_b=3)
-    assert reads.ops == ["aten.is_nonzero.default"]  # once per batch: is there padding?
-    longest = max(len(t) for t in out.tokens)
-    assert longest + 1 >= len(steps) >= 3  # one per step, and steps were run
+    assert out == expected
+    assert len(steps) >= 3 and len(reads_of_host) == len(steps)  # one per step
+    # per batch: is there padding (a read), the length caps there and back, three result lists
+    assert sorted(transfers) == sorted(["cpu"] * (len(steps) + 1) + ["to"] + ["tolist"] * 3)
+    if static:
+        assert reads.ops == ["aten.is_nonzero.default"]
+    else:  # nonzero where sentences left the batch (and, beam > 1, where cache rows moved)
+        assert reads.ops[0] == "aten.is_nonzero.default" and len(reads.ops) > 1
+        assert set(reads.ops[1:]) == {"aten.nonzero.default"}
     assert len({len(t) for t in out.tokens}) > 1  # sentences left the batch at different steps

@@ -145,7 +145,10 @@ def _select(caches: list[dict], rows: torch.Tensor, part: str) -> None:
 def _rows_where(flags: torch.Tensor, flags_host: np.ndarray) -> torch.Tensor:
     """The rows where the bool `flags` (on the device) is True, found without reading the
     device again: flags_host, its copy, already says how many there are (nonzero would wait)."""
-    return torch.nonzero_static(flags, size=int(flags_host.sum())).squeeze(1)
+    try:
+        return torch.nonzero_static(flags, size=int(flags_host.sum())).squeeze(1)
+    except NotImplementedError:  # CUDA builds before torch 2.6 (pytorch/pytorch#141838)
+        return flags.nonzero().squeeze(1)
 
 
 @torch.inference_mode()
