@@ -46,8 +46,9 @@ class Hypotheses:
 
 
 def _max_lengths(src_tokens: torch.Tensor, pad: int, max_len_a: float, max_len_b: int,
-                 max_positions: int, batch_max_len: bool) -> np.ndarray:
-    """Per sentence, the most tokens generated before eos is forced.
+                 max_positions: int, batch_max_len: bool) -> tuple[np.ndarray, torch.Tensor]:
+    """Per sentence, the most tokens generated before eos is forced: on the host, and a copy on
+    the device of src_tokens.
 
     batch_max_len=True reproduces fairseq-generate exactly, whose src_len is the batch's padded
     width (so the cap depends on the batching); the default uses each sentence's own length,
@@ -58,7 +59,8 @@ def _max_lengths(src_tokens: torch.Tensor, pad: int, max_len_a: float, max_len_b
         src_len = (src_tokens != pad).sum(1).double().cpu()
     cap = (max_len_a * src_len + max_len_b).floor().long()
     # positions 0..max_len are fed to the decoder; at least one real token before eos
-    return cap.clamp(min=1, max=max_positions - 1).numpy()
+    cap = cap.clamp(min=1, max=max_positions - 1)
+    return cap.numpy(), cap.to(src_tokens.device)
 
 
 def _to_host(flags: torch.Tensor) -> np.ndarray:
@@ -142,13 +144,19 @@ def _select(caches: list[dict], rows: torch.Tensor, part: str) -> None:
                 sub[key] = _rows(value, rows)
 
 
-def _rows_where(flags: torch.Tensor, flags_host: np.ndarray) -> torch.Tensor:
+def _rows_where(flags: torch.Tensor, count: int) -> torch.Tensor:
     """The rows where the bool `flags` (on the device) is True, found without reading the
-    device again: flags_host, its copy, already says how many there are (nonzero would wait)."""
+    device: the host already knows how many there are (nonzero would wait to find out)."""
     try:
-        return torch.nonzero_static(flags, size=int(flags_host.sum())).squeeze(1)
+        return torch.nonzero_static(flags, size=count).squeeze(1)
     except NotImplementedError:  # CUDA builds before torch 2.6 (pytorch/pytorch#141838)
         return flags.nonzero().squeeze(1)
+
+
+def _rows_left(done: torch.Tensor, done_host: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+    """The rows not done, as host indices and as device indices."""
+    keep_host = np.flatnonzero(~done_host)
+    return keep_host, _rows_where(~done, keep_host.size)
 
 
 @torch.inference_mode()
@@ -162,9 +170,8 @@ def greedy_search(model, src_tokens: torch.Tensor, pad: int, bos: int, eos: int,
     has_pad = bool((src_tokens == pad).any())
     memory, mask = model.encode(src_tokens, has_pad)
     caches = _cross_caches(model, memory, 1)
-    max_len_host = _max_lengths(src_tokens, pad, max_len_a, max_len_b, model.cfg.max_positions,
-                                batch_max_len)
-    max_len = torch.from_numpy(max_len_host).to(device)
+    max_len_host, max_len = _max_lengths(src_tokens, pad, max_len_a, max_len_b,
+                                         model.cfg.max_positions, batch_max_len)
     longest = int(max_len_host.max())
     out = torch.full((n, longest + 1), pad, dtype=torch.long, device=device)
     score = torch.zeros(n, dtype=torch.float32, device=device)
@@ -182,10 +189,9 @@ def greedy_search(model, src_tokens: torch.Tensor, pad: int, bos: int, eos: int,
         done = tok == eos
         done_host = _to_host(done)
         if done_host.any():
-            keep_host = np.flatnonzero(~done_host)
+            keep_host, keep = _rows_left(done, done_host)
             if keep_host.size == 0:
                 break
-            keep = _rows_where(~done, ~done_host)
             alive, alive_host, tok = alive[keep], alive_host[keep_host], tok[keep]
             _select(caches, keep, "self")
             _select(caches, keep, "cross")
@@ -211,9 +217,8 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
     n, k = src_tokens.shape[0], beam
     has_pad = bool((src_tokens == pad).any())
     memory, mask = model.encode(src_tokens, has_pad)
-    max_len_host = _max_lengths(src_tokens, pad, max_len_a, max_len_b, model.cfg.max_positions,
-                                batch_max_len)
-    max_len = torch.from_numpy(max_len_host).to(device)
+    max_len_host, max_len = _max_lengths(src_tokens, pad, max_len_a, max_len_b,
+                                         model.cfg.max_positions, batch_max_len)
     longest = int(max_len_host.max())
     if use_cache:  # the mask, like the cross caches, stays one row per sentence
         caches = _cross_caches(model, memory, k)
@@ -302,10 +307,9 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
         finished_host, moved_host = flags_host[:live], flags_host[live:]
         pruned = bool(finished_host.any())
         if pruned:
-            keep_host = np.flatnonzero(~finished_host)
+            keep_host, keep = _rows_left(finished, finished_host)
             if keep_host.size == 0:
                 break
-            keep = _rows_where(~finished, ~finished_host)
             next_beam, next_token, next_score = next_beam[keep], next_token[keep], next_score[keep]
             sent, sent_host, n_final = sent[keep], sent_host[keep_host], n_final[keep]
             parents = (next_beam + keep[:, None] * k).view(-1)
@@ -325,7 +329,7 @@ def beam_search(model, src_tokens: torch.Tensor, beam: int, pad: int, bos: int, 
             if pruned:
                 _select(caches, parents, "self")
             else:
-                _reorder_rows(caches, parents, _rows_where(moved, moved_host))
+                _reorder_rows(caches, parents, _rows_where(moved, int(moved_host.sum())))
 
     lengths = best_len.tolist()
     rows = best_tokens.tolist()
