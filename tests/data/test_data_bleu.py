@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from runner.decode.scoring import bleu_scores, detok_sacrebleu, remove_bpe, tokenized_bleu
+from runner.decode.scoring import bleu_scores, detok_sacrebleu, detokenize, remove_bpe, tokenized_bleu
 
 HYPS = ["the cat sat on the mat", "a dog runs"]
 REFS = ["the cat sat on a mat .", "the dog runs fast"]
@@ -100,3 +100,101 @@ def test_tokenized_bleu_matches_multi_bleu_on_random_corpora():
         expected = _multi_bleu(hyps, refs)
         assert 10 < expected < 90  # a realistic range, not a degenerate 0 or 100
         assert tokenized_bleu(hyps, refs) == pytest.approx(expected, abs=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# sacreBLEU's case: case:lc on lowercased references, case:mixed on cased ones
+
+# Multi30k-style tokenized, lowercased text (tok/*.lc.norm.tok.en) and a cased counterpart.
+LC_REFS = ["a man in an orange hat starring at something .", "a boston terrier is running on "
+           "lush green grass in front of a white fence .", "two young , white males are outside "
+           "near many bushes .", "a girl &apos;s \" über \" dress , isn &apos;t it ?"]
+LC_HYPS = ["a man in an orange hat looks at something .", "a terrier runs on the green grass "
+           "in front of a white fence .", "two young men are outside near bushes .",
+           "a girl &apos;s \" über \" dress , isn &apos;t it ?"]
+
+
+def test_is_lowercased():
+    from runner.decode.scoring import is_lowercased
+
+    assert is_lowercased(LC_REFS) and is_lowercased(["ä ö ü", "1 2 3"])
+    assert not is_lowercased(LC_REFS + ["A man ."]) and not is_lowercased(["Über"])
+    assert not is_lowercased(["1 2 3", "中文"]) and not is_lowercased([])  # nothing has a case
+
+
+def test_sacrebleu_on_lowercased_references_says_case_lc_and_keeps_its_number():
+    import sacrebleu
+
+    score, signature = detok_sacrebleu(LC_HYPS, LC_REFS, "en")
+    assert "|case:lc|" in signature and "case:mixed" not in signature
+    # the claim that lets the committed records keep their numbers: on text that is lowercase
+    # already, sacreBLEU's lowercase=True gives exactly the case-sensitive score
+    hyps, refs = detokenize(LC_HYPS, "en"), detokenize(LC_REFS, "en")
+    mixed = sacrebleu.BLEU().corpus_score(hyps, [refs]).score
+    lc = sacrebleu.BLEU(lowercase=True).corpus_score(hyps, [refs]).score
+    assert 20 < mixed < 90 and lc == mixed == score
+    for h, r in zip(hyps, refs):  # sentence by sentence too
+        assert (sacrebleu.BLEU(lowercase=True).sentence_score(h, [r]).score
+                == sacrebleu.BLEU().sentence_score(h, [r]).score)
+    # against the raw references of a tokenized-on-loading corpus: the same rule
+    assert "|case:lc|" in detok_sacrebleu(LC_HYPS, LC_REFS, "en", raw_refs=refs)[1]
+
+
+def test_sacrebleu_on_cased_references_stays_case_mixed():
+    import sacrebleu
+
+    refs = ["A man in an orange hat staring at something.", "Two young, White males are outside."]
+    hyps = ["a man in an orange hat looks at something .", "two young white men are outside ."]
+    score, signature = detok_sacrebleu(hyps, ["x"] * 2, "en", raw_refs=refs)
+    assert "|case:mixed|" in signature
+    assert score == sacrebleu.BLEU().corpus_score(detokenize(hyps, "en"), [refs]).score
+    # asked for, a case-insensitive score on cased references says so
+    lc, signature = detok_sacrebleu(hyps, ["x"] * 2, "en", raw_refs=refs, lowercase=True)
+    assert "|case:lc|" in signature and lc > score
+
+
+def test_a_records_signature_is_case_lc_when_its_corpus_is_lowercased():
+    from runner.decode.signature import (data_settings, references_lowercased, sacrebleu_signature,
+                                         signature_note, true_signature)
+
+    old = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    lc = "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    assert true_signature(old, True) == lc and true_signature(old, False) == old
+    assert true_signature(lc, True) == lc and true_signature(None, True) is None
+
+    def signature(*overrides):
+        return sacrebleu_signature({"overrides": list(overrides), "sacrebleu_signature": old})
+
+    # Multi30k's tok/ files and IWSLT'14 are lowercased; so is any corpus with data.lowercase=true
+    assert signature("+sweep=reproduce_table2_real", "method=admin", "trainer.seed=1") == lc
+    assert signature("+sweep=reproduce_table2_iwslt14") == lc
+    assert signature("data=iwslt14") == lc
+    assert signature("data=custom", "data.tokenize=moses", "data.lowercase=true") == lc
+    # cased corpora keep case:mixed: raw WMT'14, Multi30k's raw files read as they are
+    assert signature("+sweep=reproduce_table2_wmt14") == old
+    assert signature("data=multi30k", "data.tokenize=moses") == old
+    assert signature("data=custom") == old
+    assert data_settings(["+sweep=reproduce_table2_real"])["name"] == "multi30k"
+    assert references_lowercased(data_settings(["data=multi30k", "data.lowercase=true",
+                                                "data.tokenize=moses"]))
+    assert sacrebleu_signature({"overrides": ["data=iwslt14"]}) is None
+    assert signature_note([{"overrides": ["data=custom"]}]) is None
+    assert lc in signature_note([{"overrides": ["data=iwslt14"], "sacrebleu_signature": old}])
+
+
+def test_the_committed_records_signatures_read_case_lc():
+    """Every committed real-tier record is Multi30k (tok/, lowercased): each signature it has
+    reads case:lc."""
+    import json
+    from pathlib import Path
+
+    from runner.decode.signature import sacrebleu_signature
+
+    signed = 0
+    for path in (Path(__file__).resolve().parents[2] / "results").glob("*/*/records.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("sacrebleu_signature"):
+                assert "|case:lc|" in sacrebleu_signature(record), path
+                signed += 1
+    assert signed > 100
