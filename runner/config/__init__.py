@@ -7,6 +7,7 @@ from runner.config.schema import (
                                   Config,
                                   DataConfig,
                                   DivergenceConfig,
+                                  EarlyStopConfig,
                                   InitConfig,
                                   ModelConfig,
                                   NormConfig,
@@ -18,7 +19,7 @@ from runner.config.schema import (
 )
 from runner.config.validate import CHOICES, ConfigError, validate
 
-__all__ = ["CHOICES", "Config", "ConfigError", "DataConfig", "DivergenceConfig", "InitConfig",
-           "ModelConfig", "NormConfig", "OptimConfig", "ScheduleConfig", "ToyConfig",
+__all__ = ["CHOICES", "Config", "ConfigError", "DataConfig", "DivergenceConfig", "EarlyStopConfig",
+           "InitConfig", "ModelConfig", "NormConfig", "OptimConfig", "ScheduleConfig", "ToyConfig",
            "TrainerConfig", "WarmupConfig", "config_from_dict", "config_from_yaml", "to_dict",
            "validate", "with_dotlist"]

@@ -234,6 +234,21 @@ class DivergenceConfig:
 
 
 @dataclass
+class EarlyStopConfig:
+    """A stopping rule on the validation loss (label-smoothed, as in metrics.jsonl), checked at
+    every validation (every trainer.valid_interval updates). A validation improves when its loss
+    is more than `min_delta` nats below the loss of the last validation that improved (the first
+    validation always does); the run stops at the first validation, at update `min_updates` or
+    later, whose update is `window` or more updates after the last improvement. It then ends as a
+    finished run (status ok, final checkpoint, final BLEU), with stopped_early and stop_update in
+    result.json; trainer.max_updates stays the cap. Off with window=0 (the default)."""
+
+    window: int = 0  # updates without an improvement before the run stops; 0 = off
+    min_delta: float = 0.0  # nats a validation loss must drop below the reference to count
+    min_updates: int = 0  # the rule never stops a run before this update
+
+
+@dataclass
 class TrainerConfig:
     max_updates: int = 1000
     max_epochs: int = 0  # 0 = no epoch limit
@@ -283,6 +298,8 @@ class TrainerConfig:
     # checkpoints gains or costs where the curve has not flattened
     final_bleu_last: bool = False
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    # stop when the validation loss stops improving (EarlyStopConfig above); off by default
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
 
 
 @dataclass

@@ -6,6 +6,7 @@ rule, checked by runner.init.check_requirements; the run assembly calls both.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -98,7 +99,8 @@ def validate(cfg: Any) -> None:
                 "trainer.save_interval", "trainer.keep_checkpoints", "trainer.threads",
                 "warmup.updates", "trainer.valid_max_batches", "trainer.eval_max_len_b",
                 "trainer.eval_average_last", "trainer.eval_max_len_a", "trainer.eval_lenpen",
-                "trainer.telemetry_interval"):
+                "trainer.telemetry_interval", "trainer.early_stop.window",
+                "trainer.early_stop.min_updates"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)}: expected a value >= 0")
     if trainer.save_interval % trainer.log_interval:
@@ -106,6 +108,7 @@ def validate(cfg: Any) -> None:
             f"trainer.save_interval={trainer.save_interval} must be a multiple of "
             f"trainer.log_interval={trainer.log_interval} (checkpoints close a log window, so a "
             "resumed run logs exactly what an uninterrupted one does)")
+    _check_early_stop(trainer)
     if cfg.schedule.min_lr < 0:
         raise ConfigError(
             f"schedule.min_lr={cfg.schedule.min_lr}: expected >= 0 (a negative min_lr makes the "
@@ -146,6 +149,19 @@ def validate(cfg: Any) -> None:
     if trainer.devices > 1 and trainer.update_freq < 1:
         raise ConfigError("trainer.update_freq must be >= 1")
     _check_loggers(cfg)
+
+
+def _check_early_stop(trainer: Any) -> None:
+    """The stopping rule's settings (trainer.early_stop); window and min_updates are checked >= 0
+    with the other counts."""
+    rule = trainer.early_stop
+    if not (math.isfinite(rule.min_delta) and rule.min_delta >= 0):
+        raise ConfigError(f"trainer.early_stop.min_delta={rule.min_delta}: expected a finite value "
+                          ">= 0 (nats the validation loss must drop to count as an improvement)")
+    if rule.window > 0 and trainer.valid_interval == 0:
+        raise ConfigError(f"trainer.early_stop.window={rule.window} needs validations during the "
+                          "run, but trainer.valid_interval=0 validates only at the end: set "
+                          "trainer.valid_interval, or trainer.early_stop.window=0")
 
 
 def _check_loggers(cfg: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -130,6 +131,12 @@ def result_record(parts: RunParts, trainer: Trainer, outcome: Outcome, resumed: 
         "valid_nll_loss": valid.get("nll_loss"), "valid_ppl": valid.get("ppl"),
         "best_valid_loss": s.best_valid_loss, "best_valid_nll": s.best_valid_nll,
         "valid_unigram_nll": parts.valid_unigram_nll, "stalled": stalled,
+        # update 1's loss under the initial weights, and the first train record's
+        "initial_loss": s.initial_loss, "first_logged_loss": s.first_logged_loss,
+        # trainer.early_stop: whether it ended the run, at which update, with which settings
+        "stopped_early": s.stopped_early, "stop_update": s.step if s.stopped_early else None,
+        "early_stop": ({**asdict(t.early_stop), "last_improvement": s.stop_reference_step}
+                       if t.early_stop.window > 0 else None),
         "tokens_per_s": s.train_tokens / max(s.train_seconds, 1e-9),
         "train_tokens": s.train_tokens,
         "seconds_per_update": s.train_seconds / s.step if s.step else None,

@@ -60,6 +60,14 @@ class LoopState:
     bad_streak: float = 0.0  # consecutive updates with loss above the divergence bound
     last_train_loss: Optional[float] = None
     last_valid: dict = field(default_factory=dict)
+    # trainer.early_stop: the validation loss of the last improvement and its update (the rule's
+    # reference), and whether the rule ended the run (then `step` is the update it stopped at)
+    stop_reference: Optional[float] = None
+    stop_reference_step: Optional[int] = None
+    stopped_early: bool = False
+    # the loss of update 1 under the initial weights, and of the first train record
+    initial_loss: Optional[float] = None
+    first_logged_loss: Optional[float] = None
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -297,6 +305,10 @@ class Trainer:
             s.best_valid_loss = valid["loss"]
         if math.isfinite(valid["nll_loss"]) and (s.best_valid_nll is None or valid["nll_loss"] < s.best_valid_nll):
             s.best_valid_nll = valid["nll_loss"]
+        rule = t.early_stop
+        if rule.window > 0 and math.isfinite(valid["loss"]) and (
+                s.stop_reference is None or valid["loss"] < s.stop_reference - rule.min_delta):
+            s.stop_reference, s.stop_reference_step = valid["loss"], s.step
         if t.best_checkpoint_metric in ("loss", "bleu"):
             # every rank gathers, whether or not its own value is a new best: a rank's BLEU could
             # differ from the main rank's, and a collective some ranks skip would hang the others
@@ -311,6 +323,15 @@ class Trainer:
                                       "lr": lr, **valid})
         log.info("valid at update %d: loss %.4f  nll %.4f  ppl %.2f", s.step, valid["loss"],
                  valid["nll_loss"], valid["ppl"])
+
+    def should_stop(self) -> bool:
+        """trainer.early_stop after the validation at this update: the last improvement is
+        `window` or more updates back and the run has reached `min_updates`. Every rank takes
+        the same decision (the validation loss is reduced over all ranks)."""
+        s, rule = self.state, self.cfg.trainer.early_stop
+        return (rule.window > 0 and s.step >= rule.min_updates
+                and s.stop_reference_step is not None
+                and s.step - s.stop_reference_step >= rule.window)
 
     def gather_rng(self) -> None:
         """Every rank's RNG streams, for the checkpoint that follows (all ranks call this)."""
@@ -342,6 +363,9 @@ class Trainer:
             "train_seconds": s.train_seconds, "wall_s": self.wall_s(),
             "bad_streak": s.bad_streak, "last_train_loss": s.last_train_loss,
             "last_valid": s.last_valid,
+            "early_stop": {"reference_loss": s.stop_reference, "reference_step": s.stop_reference_step,
+                           "stopped": s.stopped_early},
+            "initial_loss": s.initial_loss, "first_logged_loss": s.first_logged_loss,
             # each rank's RNG streams (gathered in checkpoint() and before on_best), so that every
             # rank of a resumed DDP run continues its own dropout masks
             "rng_ranks": self._rng_ranks or [rng_state(self.device)],
@@ -364,6 +388,10 @@ class Trainer:
         s.wall_before = state["wall_s"]
         s.bad_streak, s.last_train_loss = state["bad_streak"], state["last_train_loss"]
         s.last_valid = state["last_valid"]
+        stop = state.get("early_stop") or {}  # absent from checkpoints written before the rule
+        s.stop_reference, s.stop_reference_step = stop.get("reference_loss"), stop.get("reference_step")
+        s.stopped_early = bool(stop.get("stopped", False))
+        s.initial_loss, s.first_logged_loss = state.get("initial_loss"), state.get("first_logged_loss")
         ranks = state.get("rng_ranks") or [state["rng"]]  # "rng": the main rank's, in older checkpoints
         if len(ranks) != self.world:
             log.warning("the checkpoint holds the RNG streams of %d process(es) and this run has %d: "
@@ -375,10 +403,26 @@ class Trainer:
         return self.state.wall_before + time.time() - self.t0
 
     # ---- the run
+    def _log_window(self, window: "TrainWindow", lr: float, progress, task) -> None:
+        """The train record of the updates since the last one (metrics.jsonl, the progress bar,
+        a log line where no live bar is drawn)."""
+        s, t = self.state, self.cfg.trainer
+        record = window.record(self, lr)
+        s.last_train_loss = record["loss"]
+        if s.first_logged_loss is None and s.step <= t.log_interval:
+            s.first_logged_loss = record["loss"]
+        self._callbacks("on_record", record)
+        progress.update(task, loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}",
+                        tps=f"{record['tokens_per_s']:,.0f}")
+        if not progress.live.is_started or progress.disable:
+            log.info("update %d/%d  loss %.4f  lr %.3e  gnorm %.2f  %.0f tok/s",
+                     s.step, t.max_updates, record["loss"], lr, record["grad_norm"],
+                     record["tokens_per_s"])
+
     def run(self) -> Outcome:
-        """Update until max_updates (or max_epochs) or divergence. Logs a train record every
-        trainer.log_interval updates, validates every valid_interval and checkpoints every
-        save_interval (and both at the end)."""
+        """Update until max_updates (or max_epochs), divergence, or trainer.early_stop. Logs a
+        train record every trainer.log_interval updates, validates every valid_interval and
+        checkpoints every save_interval (and both at the end)."""
         cfg, t, s = self.cfg, self.cfg.trainer, self.state
         outcome = Outcome()
         window = TrainWindow(self.device)
@@ -389,10 +433,13 @@ class Trainer:
         with progress_bar(t.progress if self.is_main else False) as progress:
             task = progress.add_task("train", total=t.max_updates, completed=s.step, loss="-",
                                      lr="-", tps="-")
-            while s.step < t.max_updates and (t.max_epochs == 0 or s.pos.epoch <= t.max_epochs):
+            while (s.step < t.max_updates and not s.stopped_early
+                   and (t.max_epochs == 0 or s.pos.epoch <= t.max_epochs)):
                 tick = time.perf_counter()
                 out = self.step()
                 lr = out.lr
+                if s.step == 1:  # the loss under the initial weights, as update 1 computed it
+                    s.initial_loss = float(self.all_reduce(out.loss_sum.clone())) / out.tokens
                 window.add(out)
                 monitor.add(out.loss_sum * (self.world / out.tokens), out.skipped)  # this rank's share
                 at_log = s.step % t.log_interval == 0 or s.step == t.max_updates
@@ -411,24 +458,24 @@ class Trainer:
                     outcome = monitor.check(self)
                     s.bad_streak = monitor.bad_streak
                 if at_log or outcome.status != "ok":
-                    record = window.record(self, lr)
-                    s.last_train_loss = record["loss"]
-                    self._callbacks("on_record", record)
-                    progress.update(task, loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}",
-                                    tps=f"{record['tokens_per_s']:,.0f}")
-                    if not progress.live.is_started or progress.disable:
-                        log.info("update %d/%d  loss %.4f  lr %.3e  gnorm %.2f  %.0f tok/s",
-                                 s.step, t.max_updates, record["loss"], lr, record["grad_norm"],
-                                 record["tokens_per_s"])
+                    self._log_window(window, lr, progress, task)
                 if outcome.status != "ok":
                     log.warning("diverged at update %d: %s", s.step, outcome.reason)
                     break
                 done = s.step >= t.max_updates
                 if (t.valid_interval and s.step % t.valid_interval == 0) or done:
                     self.validate(lr)
+                    if not done and self.should_stop():
+                        s.stopped_early = done = True
+                        log.info("early stop at update %d: the validation loss has not dropped more "
+                                 "than %g below %.4f (update %d) in %d updates",
+                                 s.step, t.early_stop.min_delta, s.stop_reference,
+                                 s.stop_reference_step, s.step - s.stop_reference_step)
+                        if not at_log:  # the window's updates since the last record
+                            self._log_window(window, lr, progress, task)
                 if (t.save_interval and s.step % t.save_interval == 0) or done:
                     self.checkpoint()
-            if outcome.status == "ok" and s.step < t.max_updates:  # stopped by max_epochs
+            if outcome.status == "ok" and s.step < t.max_updates and not s.stopped_early:  # max_epochs
                 self.validate(lr_at(s.step, cfg))
                 self.checkpoint()
         return outcome
