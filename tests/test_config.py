@@ -90,6 +90,7 @@ def test_impossible_combinations_name_the_key(overrides, key):
     (["model.layers=-2"], "model.layers"),
     (["warmup.updates=500", "trainer.max_updates=10"], "warmup.updates"),
     (["schedule=linear", "schedule.min_lr=-0.1"], "schedule.min_lr"),
+    (["trainer.early_stop.min_delta=-0.5"], "trainer.early_stop.min_delta"),
     (["-m", "optim.lr=1e-4,5e-4", "--cfg", "job"], "Only one of"),  # Hydra's own flag check
 ])
 def test_cli_bad_input_exit_2_no_traceback(tmp_path, args, needle):

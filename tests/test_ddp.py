@@ -30,6 +30,9 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
         assert la == pytest.approx(lb, rel=1e-4)
     assert single["valid_loss"] == pytest.approx(double["valid_loss"], rel=1e-4)
     assert single["train_tokens"] == double["train_tokens"]
+    # update 1's loss over the whole global batch (both ranks' halves), not the main rank's half
+    assert single["initial_loss"] == pytest.approx(double["initial_loss"], rel=1e-4)
+    assert single["first_logged_loss"] == pytest.approx(double["first_logged_loss"], rel=1e-4)
 
 
 @pytest.mark.slow
