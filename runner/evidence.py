@@ -7,15 +7,20 @@ saying what was measured. The rules below are fixed in advance so that a verdict
 after seeing the numbers.
 
 Statistics
-    Mean, sample standard deviation (ddof=1) and a 95% percentile-bootstrap confidence interval of
-    the mean (Efron & Tibshirani 1993, *An Introduction to the Bootstrap*, ch. 13): the seeds are
-    resampled with replacement `resamples` times with `numpy.random.default_rng(seed)`, so a
-    table is reproducible bit for bit. With fewer than 2 values no spread can be estimated and the
-    std and CI are None. Differences between arms are paired by seed (the same seed gives the same
-    data order and the same initial draw), which removes the seed-to-seed variance both arms share.
-    Counts of discordant pairs use the exact two-sided sign test (Conover 1999, *Practical
-    Nonparametric Statistics*, 3rd ed., sec. 3.4), which on diverged/not-diverged pairs is McNemar's
-    exact test (McNemar 1947).
+    Mean, sample standard deviation (ddof=1) and the Student-t 95% confidence interval of the mean
+    (scipy.stats.t); differences between arms are paired by seed (the same seed gives the same data
+    order and the same initial draw), which removes the seed-to-seed variance both arms share, and
+    get the paired-t interval. A percentile bootstrap (Efron & Tibshirani 1993, ch. 13) is used only
+    with at least 10 values: with 3 seeds its 95% interval is exactly [min, max] and covers the mean
+    about 75% of the time. "better" is decided by a one-sided paired t-test, with Holm's correction
+    over a table's comparisons against one baseline, and reports the minimum detectable effect at
+    80% power (noncentral t, scipy.stats.nct). Counts of discordant pairs use the exact two-sided
+    sign test (Conover 1999, *Practical Nonparametric Statistics*, 3rd ed., sec. 3.4), which on
+    diverged/not-diverged pairs is McNemar's exact test (McNemar 1947).
+
+    Which rules apply is the rule book's (runner/rulebook.py): `judge` and `judge_all` take its
+    version; the records' statuses carry its outcomes (ok = trained, diverged, collapsed, stalled,
+    below_bar, failed). What follows is version 2, with version 1's differences in brackets.
 
 Decision rules (`judge`)
     Selectors: a claim's `a` and `b` select records whose arm contains every key/value of the
@@ -29,14 +34,16 @@ Decision rules (`judge`)
     "diverges" (A diverges): reproduced when every cell of A diverged (status "diverged"); not
        reproduced when none did; inconclusive otherwise. Measured: "k of n seeds diverged".
 
-    "trains" (A trains, i.e. neither diverges nor stalls): reproduced when no cell of A diverged or
-       stalled; not reproduced when every cell did; inconclusive otherwise.
+    "trains" (A trains): reproduced when every cell of A trained (none diverged, collapsed,
+       stalled or fell below the BLEU bar; v1: none diverged or stalled); not reproduced when
+       none did; inconclusive otherwise.
 
     "fails_to_train" (A fails: every cell diverged or stalled; the complement of "trains", for a
        paper whose "failed" does not say whether the loss blew up or plateaued): reproduced when
        every cell of A diverged or stalled; not reproduced when none did; inconclusive otherwise.
 
-    `min_bleu` ("trains" and "fails_to_train" only; optional): the lowest final BLEU (tok) at which
+    `min_bleu` (rule book v1 only; v2 applies one bar to every decoding suite) ("trains" and
+       "fails_to_train" only; optional): the lowest final BLEU (tok) at which
        an "ok" cell counts as trained. Without it, "trained" means only "neither diverged nor
        stalled", and the stall label's bar (best valid NLL 0.1 nats below the unigram NLL) lets a
        model that barely passed word frequencies count as trained. With it, an "ok" cell whose
@@ -62,18 +69,20 @@ Decision rules (`judge`)
 
     "better" (A's metric is better than B's; direction by `higher_is_better`):
        1. Pair cells as for "more_diverged" (normally: by seed); a cell without a partner in the
-          other arm is not evidence either way. If any paired cell of A or B diverged or stalled
-          ("bad"): reproduced when B has more bad cells than A and A has none; not reproduced when
-          A has more bad cells than B; otherwise go on.
-       2. Keep the pairs where both cells are "ok" and both have the metric. With >= 2 pairs,
-          the paired difference A - B (B - A when lower is better, so that positive always means
-          A better) is summarized: reproduced when the CI's low end > 0, not reproduced when its
-          high end < 0, inconclusive when the CI contains 0. With fewer than 2 pairs: inconclusive.
-       Measured: the mean difference with its CI and the number of paired seeds, and, as context
-       that no verdict uses, how many pairs favour A (named by its selector) and Student's t interval of the mean
-       difference. With 3 seeds the percentile bootstrap's 2.5% quantile is the smallest paired
-       difference (a resample of three copies of it has probability 1/27 > 2.5%), so "reproduced"
-       means that every seed favours A; the t interval is wider.
+          other arm is not evidence either way. If any paired cell of A or B did not train (v1:
+          diverged or stalled): reproduced when B has more such cells than A and A has none; not
+          reproduced when A has more than B; otherwise go on.
+       2. Keep the pairs where both cells trained and have the metric; with fewer than 2,
+          inconclusive. The paired difference A - B (B - A when lower is better, so that positive
+          means A better) is tested one-sided (H1: mean > 0). The "better" claims of one table
+          against the same baseline `b` are one family: their p-values are Holm-corrected
+          (`judge_all`). Reproduced when the corrected p < 0.05; not reproduced when the 95%
+          paired-t interval lies below 0; "underpowered" when the claim's `paper_effect` is below
+          the minimum detectable effect at 80% power (from the measured SD of the differences);
+          inconclusive otherwise. [v1: reproduced when the 95% bootstrap interval of the mean
+          difference lies above 0, not reproduced when below, else inconclusive.]
+       Measured: the mean difference with its paired-t interval, every seed's difference, p (and
+       Holm's p), the detectable effect and the seeds the paper's effect would need.
 
     "same_best" (a setting tuned at one value of `across` is best at every other; e.g. the
        learning rate over depths for depth-muP): among A's "ok" cells, the mean metric over seeds
@@ -86,7 +95,9 @@ Decision rules (`judge`)
        bests that differ is a lower bound). A setting whose cells all diverged or stalled still
        counts as a grid point (crashed cells are not records). An `across` value with records but
        no ok cell has no best: the claim is then inconclusive, and says which value it is; so is
-       one with fewer than two `across` values.
+       one with fewer than two `across` values. The uncertainty of the best: each seed's own best
+       per `across` value; a shared best that is not every seed's best reads inconclusive [v1:
+       not asked].
 
 A claim may carry `added`: when and why it was written if not before every run of its arms (e.g. a
 second reading of a paper's "failed" after a first seed showed a plateau rather than a blow-up).
@@ -100,17 +111,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
+from scipy import optimize, stats
 
-STATUSES = ("ok", "diverged", "stalled", "failed")
+from runner.rulebook import CURRENT, NOT_TRAINED, RuleBook, rulebook
+
+# a Record's status: "ok" (trained), a way of not training (rule book v2 adds collapsed and
+# below_bar; v1 records only diverged and stalled), or "failed" (a crash: not evidence)
+STATUSES = ("ok", "diverged", "collapsed", "stalled", "below_bar", "failed")
 KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "more_failed", "same_best")
 TWO_ARM_KINDS = ("better", "more_diverged", "more_failed")
 METRIC_KINDS = ("better", "same_best")  # the kinds that compare `metric`
 # what a claim's `metric` can name: the metrics each Record carries (runner/suite.py)
 METRICS = ("bleu", "sacrebleu", "best_valid_loss", "bleu_last")
-VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
+VERDICTS = ("reproduced", "not reproduced", "underpowered", "inconclusive", "not run")
 
 # Fixed for every verdict: changing them after the runs would be choosing the answer.
 _LEVEL = 0.95
@@ -124,12 +140,12 @@ _ALPHA = 0.05
 
 @dataclass(frozen=True)
 class Summary:
-    """One metric over seeds: count, mean, sample std (ddof=1) and percentile-bootstrap CI of the mean."""
+    """One metric over seeds: count, mean, sample std (ddof=1) and the 95% Student-t CI of the mean."""
 
     n: int
     mean: float | None
     std: float | None  # sample std, ddof=1; None when n < 2
-    ci_low: float | None  # percentile-bootstrap CI of the mean; None when n < 2
+    ci_low: float | None  # Student-t CI of the mean; None when n < 2
     ci_high: float | None
 
 
@@ -148,17 +164,20 @@ def _check_level(level: float) -> None:
 
 
 def bootstrap_mean_ci(values: Sequence[float], level: float = 0.95, resamples: int = 10000,
-                      seed: int = 0) -> tuple[float, float]:
+                      seed: int = 0, min_values: int = 10) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the mean of `values` (Efron & Tibshirani 1993, ch. 13).
 
     Draws `resamples` samples of len(values) with replacement using numpy.random.default_rng(seed),
     takes each one's mean, and returns the (1-level)/2 and (1+level)/2 quantiles of those means.
-    Deterministic for a fixed seed. Needs at least 2 finite values.
+    Deterministic for a fixed seed. Needs at least `min_values` finite values (10): with fewer,
+    the percentile interval is close to the range of the values (with 3, exactly [min, max]) and
+    covers the mean far less often than its level says. Only rule book v1's verdicts, kept beside
+    the current ones, call it with fewer (min_values=2).
     """
     x = _as_finite_array(values)
     _check_level(level)
-    if x.size < 2:
-        raise ValueError(f"a bootstrap CI needs at least 2 values, got {x.size}")
+    if x.size < max(2, min_values):
+        raise ValueError(f"a bootstrap CI needs at least {max(2, min_values)} values, got {x.size}")
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
     # All equal: every resample has the same mean. Return the value itself rather than a sum / n
@@ -173,11 +192,10 @@ def bootstrap_mean_ci(values: Sequence[float], level: float = 0.95, resamples: i
     return float(lo), float(hi)
 
 
-def summarize(values: Sequence[float], level: float = 0.95, resamples: int = 10000, seed: int = 0) -> Summary:
-    """Summary of `values` (one metric over seeds): n, mean, sample std (ddof=1) and bootstrap CI of the mean.
-
-    std and the CI are None when n < 2; mean is None when n == 0.
-    """
+def summarize(values: Sequence[float], level: float = 0.95) -> Summary:
+    """Summary of `values` (one metric over seeds): n, mean, sample std (ddof=1) and the Student-t
+    confidence interval of the mean (`t_mean_ci`). std and the interval are None when n < 2; mean
+    is None when n == 0."""
     x = _as_finite_array(values)
     n = int(x.size)
     if n == 0:
@@ -185,55 +203,97 @@ def summarize(values: Sequence[float], level: float = 0.95, resamples: int = 100
     mean = float(x.mean())
     if n < 2:
         return Summary(n=n, mean=mean, std=None, ci_low=None, ci_high=None)
-    lo, hi = bootstrap_mean_ci(x, level=level, resamples=resamples, seed=seed)
+    lo, hi = t_mean_ci(x, level=level)
     return Summary(n=n, mean=mean, std=float(x.std(ddof=1)), ci_low=lo, ci_high=hi)
 
 
-def student_t_quantile(p: float, df: int) -> float:
-    """The p-quantile (0.5 < p <= 0.995) of Student's t with `df` degrees of freedom: bisection on
-    its CDF, whose integral from 0 is taken by Simpson's rule on the density (written here because
-    the project does not depend on scipy for this one number). Accurate to about 1e-6 for
-    p <= 0.975 and 1e-4 at 0.995 (df >= 1); further in the tail the fixed grid is too coarse."""
-    if not 0.5 < p <= 0.995 or df < 1:
-        raise ValueError(f"expected 0.5 < p <= 0.995 and df >= 1, got p={p}, df={df}")
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(t: float, steps: int = 4000) -> float:
-        h = t / steps
-        f = [math.exp(log_c - (df + 1) / 2 * math.log1p((i * h) ** 2 / df)) for i in range(steps + 1)]
-        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
 def t_mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """Student's t confidence interval of the mean: mean -/+ t_{(1+level)/2, n-1} * s / sqrt(n).
-    Reported beside the bootstrap interval (never used by a verdict): with 2 or 3 seeds the
-    percentile bootstrap's interval is close to the range of the values, much narrower than t's."""
+    """Student's t confidence interval of the mean: mean -/+ t_{(1+level)/2, n-1} * s / sqrt(n)
+    (scipy.stats.t). Its coverage is `level` when the values are normal; with 2 or 3 seeds it is
+    wide (t = 12.7 and 4.3), as it must be."""
     x = _as_finite_array(values)
     _check_level(level)
     if x.size < 2:
         raise ValueError(f"a t interval needs at least 2 values, got {x.size}")
-    half = student_t_quantile((1 + level) / 2, x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
-    return float(x.mean()) - half, float(x.mean()) + half
+    mean = float(x.mean())
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])
+    half = float(stats.t.ppf((1 + level) / 2, x.size - 1)) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return mean - half, mean + half
 
 
-def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: float = 0.95,
-                      resamples: int = 10000, seed: int = 0) -> Summary:
-    """Summary of a[s] - b[s] over the seeds s present in both `a` and `b` (metric by seed).
+def paired_t_test(diffs: Sequence[float]) -> float:
+    """One-sided p-value of a paired t-test that the mean of `diffs` (A - B per seed, signed so that
+    positive means A better) is greater than 0 (scipy.stats.ttest_1samp, alternative "greater").
+    All-equal differences have no spread: p is 0 when they are positive, 1 otherwise."""
+    x = _as_finite_array(diffs)
+    if x.size < 2:
+        raise ValueError(f"a paired t-test needs at least 2 pairs, got {x.size}")
+    if np.all(x == x[0]):
+        return 0.0 if x[0] > 0 else 1.0
+    return float(stats.ttest_1samp(x, 0.0, alternative="greater").pvalue)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test
+    procedure"), in the order given: the i-th smallest p times (m - i + 1), capped at 1 and made
+    non-decreasing along the sorted order. Rejecting where the adjusted p < alpha controls the
+    family-wise error rate at alpha. (Written here: scipy.stats offers only false-discovery
+    control, and statsmodels would be a large dependency for these few lines.)"""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        adjusted[i] = running
+    return adjusted
+
+
+def t_test_power(effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the one-sided paired t-test at `alpha` with n pairs when the true mean difference
+    is `effect` and the differences' SD is `sd`: P(T' > t_{1-alpha, n-1}) for T' noncentral t with
+    n-1 degrees of freedom and noncentrality effect * sqrt(n) / sd (scipy.stats.nct)."""
+    if n < 2 or sd <= 0:
+        raise ValueError(f"power needs n >= 2 and sd > 0, got n={n}, sd={sd}")
+    crit = stats.t.ppf(1 - alpha, n - 1)
+    return float(stats.nct.sf(crit, n - 1, effect * math.sqrt(n) / sd))
+
+
+def min_detectable_effect(sd: float, n: int, alpha: float = 0.05, power: float = 0.80) -> float:
+    """The smallest true mean difference that the one-sided paired t-test at `alpha` with n pairs
+    detects with probability `power`, given the differences' SD (scipy.optimize.brentq on
+    `t_test_power`)."""
+    if sd <= 0:
+        raise ValueError(f"sd must be > 0, got {sd}")
+    gap = lambda d: t_test_power(d, sd, n, alpha) - power
+    hi = sd
+    while gap(hi) < 0:
+        hi *= 2.0
+    return float(optimize.brentq(gap, 0.0, hi, xtol=1e-12 * sd))
+
+
+def pairs_needed(sd: float, effect: float, alpha: float = 0.05, power: float = 0.80,
+                 most: int = 200) -> Optional[int]:
+    """The fewest seed pairs whose one-sided paired t-test detects `effect` with `power`, given the
+    differences' SD (None when `most` pairs are not enough, or effect or sd is not positive)."""
+    if effect <= 0 or sd <= 0:
+        return None
+    for n in range(2, most + 1):
+        if t_test_power(effect, sd, n, alpha) >= power:
+            return n
+    return None
+
+
+def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: float = 0.95) -> Summary:
+    """Summary of a[s] - b[s] over the seeds s present in both `a` and `b` (metric by seed), with
+    the paired Student-t interval of the mean difference.
 
     Pairing by seed (same seed = same data order and initial draw) removes the variance both arms
-    share; seeds present in only one mapping are left out. Seeds are taken in sorted order so the
-    bootstrap does not depend on the mappings' insertion order.
+    share; seeds present in only one mapping are left out.
     """
     common = sorted(set(a) & set(b))
-    return summarize([a[s] - b[s] for s in common], level=level, resamples=resamples, seed=seed)
+    return summarize([a[s] - b[s] for s in common], level=level)
 
 
 def sign_test(wins: int, losses: int) -> float:
@@ -262,7 +322,7 @@ class Record:
 
     arm: dict[str, str]  # the arm's axes, e.g. {"method": "admin", "warmup": "none"} (everything except the seed)
     seed: int
-    status: str  # ok | diverged | stalled | failed
+    status: str  # one of STATUSES
     metrics: dict[str, float | None] = field(default_factory=dict)
 
 
@@ -285,6 +345,9 @@ class Claim:
     added: str | None = None  # when and why, for a claim not written before every run of its arms
     min_bleu: float | None = None  # "trains"/"fails_to_train": an "ok" cell below this BLEU is not trained
     bleu_metric: str = "bleu"  # the metric min_bleu reads: "bleu" (averaged checkpoints) or "bleu_last"
+    # "better": the effect the paper reports, in the metric's units, positive = A better (e.g.
+    # 28.58 - 28.26 = 0.32 BLEU); rule book v2 compares it with the minimum detectable effect
+    paper_effect: float | None = None
 
 
 @dataclass(frozen=True)
@@ -319,7 +382,7 @@ def _selector(d: Any, what: str) -> dict[str, Selected]:
 
 
 _CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better", "over", "across",
-               "added", "min_bleu", "bleu_metric")
+               "added", "min_bleu", "bleu_metric", "paper_effect")
 BLEU_METRICS = ("bleu", "bleu_last")  # what min_bleu can read
 
 
@@ -357,6 +420,13 @@ def claim_from_dict(d: Mapping) -> Claim:
         raise ValueError(f"claim {d['id']!r}: bleu_metric must be one of {list(BLEU_METRICS)}, got {bleu_metric!r}")
     if str(d.get("metric", "bleu")) not in METRICS:
         raise ValueError(f"claim {d['id']!r}: metric must be one of {list(METRICS)}, got {d.get('metric')!r}")
+    paper_effect = d.get("paper_effect")
+    if paper_effect is not None:
+        if kind != "better":
+            raise ValueError(f"claim {d['id']!r}: paper_effect applies to kind 'better' only, not {kind!r}")
+        if isinstance(paper_effect, bool) or not isinstance(paper_effect, (int, float)) or paper_effect <= 0:
+            raise ValueError(f"claim {d['id']!r}: paper_effect must be a positive number (the paper's "
+                             f"difference, A better), got {paper_effect!r}")
     higher = d.get("higher_is_better", True)
     if not isinstance(higher, bool):
         raise ValueError(f"claim {d['id']!r}: higher_is_better must be true or false, got {higher!r}")
@@ -366,7 +436,8 @@ def claim_from_dict(d: Mapping) -> Claim:
                  over=None if d.get("over") is None else str(d["over"]),
                  across=None if d.get("across") is None else str(d["across"]),
                  added=None if d.get("added") is None else str(d["added"]),
-                 min_bleu=None if min_bleu is None else float(min_bleu), bleu_metric=bleu_metric)
+                 min_bleu=None if min_bleu is None else float(min_bleu), bleu_metric=bleu_metric,
+                 paper_effect=None if paper_effect is None else float(paper_effect))
 
 
 # --------------------------------------------------------------------------- judging
@@ -430,24 +501,38 @@ def _pair(claim: Claim, a_recs: Sequence[Record], b_recs: Sequence[Record]
     return [(a_by[k], b_by[k]) for k in common], info
 
 
+def _count_words(a: Sequence[Record], statuses: Sequence[str]) -> str:
+    return ", ".join(f"{sum(r.status == s for r in a)} {s.replace('_', ' ')}" for s in statuses)
+
+
 def _judge_diverges(claim: Claim, a: Sequence[Record]) -> Verdict:
     n = len(a)
     k = sum(r.status == "diverged" for r in a)
     verdict = "reproduced" if k == n else "not reproduced" if k == 0 else "inconclusive"
-    return Verdict(claim, verdict, f"{k} of {n} {_unit(a)} diverged ({_label(claim.a)})",
-                   {"n": n, "diverged": k})
+    measured = f"{k} of {n} {_unit(a)} diverged ({_label(claim.a)})"
+    collapsed = sum(r.status == "collapsed" for r in a)
+    if collapsed:  # not a divergence (the training loss did not blow up), but the reader should know
+        measured += f"; {collapsed} collapsed"
+    return Verdict(claim, verdict, measured, {"n": n, "diverged": k, "collapsed": collapsed})
 
 
 def _below_bleu_bar(claim: Claim, r: Record) -> bool:
-    """An "ok" cell that misses the claim's BLEU bar (or has no BLEU) when the claim sets one."""
+    """Rule book v1: an "ok" cell that misses the claim's BLEU bar (or has no BLEU) when the claim
+    sets one."""
     if claim.min_bleu is None or r.status != "ok":
         return False
     bleu = r.metrics.get(claim.bleu_metric)
     return bleu is None or not math.isfinite(bleu) or bleu < claim.min_bleu
 
 
-def _not_trained(claim: Claim, a: Sequence[Record]) -> tuple[int, dict[str, int], str]:
+def _not_trained(claim: Claim, a: Sequence[Record], book: RuleBook) -> tuple[int, dict[str, int], str]:
     """The cells of A that did not train: their number, the count per reason, and those in words."""
+    if book.version >= 2:  # the statuses already carry the rule book's outcome, BLEU bar included
+        counts = {s: sum(r.status == s for r in a) for s in NOT_TRAINED}
+        words = _count_words(a, NOT_TRAINED)
+        if book.bleu_bar is not None:
+            words = words.replace("below bar", f"below {book.bleu_bar:g} BLEU")
+        return sum(counts.values()), counts, words
     counts = {"diverged": sum(r.status == "diverged" for r in a),
               "stalled": sum(r.status == "stalled" for r in a)}
     words = f"{counts['diverged']} diverged, {counts['stalled']} stalled"
@@ -459,32 +544,38 @@ def _not_trained(claim: Claim, a: Sequence[Record]) -> tuple[int, dict[str, int]
     return sum(counts.values()), counts, words
 
 
-def _judge_trains(claim: Claim, a: Sequence[Record]) -> Verdict:
+def _judge_trains(claim: Claim, a: Sequence[Record], book: RuleBook) -> Verdict:
     n = len(a)
-    bad, counts, words = _not_trained(claim, a)
+    bad, counts, words = _not_trained(claim, a, book)
     verdict = "reproduced" if bad == 0 else "not reproduced" if bad == n else "inconclusive"
     measured = f"{n - bad} of {n} {_unit(a)} trained ({_label(claim.a)}; {words})"
     return Verdict(claim, verdict, measured, {"n": n, "trained": n - bad, **counts})
 
 
-def _judge_fails_to_train(claim: Claim, a: Sequence[Record]) -> Verdict:
+def _judge_fails_to_train(claim: Claim, a: Sequence[Record], book: RuleBook) -> Verdict:
     n = len(a)
-    bad, counts, words = _not_trained(claim, a)
+    bad, counts, words = _not_trained(claim, a, book)
     verdict = "reproduced" if bad == n else "not reproduced" if bad == 0 else "inconclusive"
     measured = f"{bad} of {n} {_unit(a)} failed to train ({_label(claim.a)}; {words})"
     return Verdict(claim, verdict, measured, {"n": n, "failed": bad, **counts})
 
 
+def _bad_statuses(book: RuleBook) -> tuple[str, ...]:
+    """What does not count as trained in a comparison: v1 diverged or stalled; v2 every way of not
+    training (collapsed and below the BLEU bar too)."""
+    return NOT_TRAINED if book.version >= 2 else ("diverged", "stalled")
+
+
 def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
                        failed: tuple[str, ...] = ("diverged",)) -> Verdict:
-    """"more_diverged" (failed = diverged) and "more_failed" (diverged or stalled)."""
+    """"more_diverged" (failed = diverged) and "more_failed" (every way of not training)."""
     pairs, info = _pair(claim, a, b)
     wins = sum(ra.status in failed and rb.status not in failed for ra, rb in pairs)
     losses = sum(rb.status in failed and ra.status not in failed for ra, rb in pairs)
     p = sign_test(wins, losses)
     a_div = sum(r.status in failed for r in a)
     b_div = sum(r.status in failed for r in b)
-    what = " or ".join(failed)
+    what = " or ".join(s.replace("_", " ") for s in failed)
     details = {"pairs": len(pairs), "wins": wins, "losses": losses, "p": p,
                "a_diverged": a_div, "a_n": len(a), "b_diverged": b_div, "b_n": len(b), **info}
     if not pairs:
@@ -501,16 +592,21 @@ def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
     return Verdict(claim, verdict, measured, details)
 
 
-def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Verdict:
+def _seed_pairs(diffs: Sequence[tuple[int, float]]) -> str:
+    return ", ".join(f"seed {seed} {_fmt(d)}" for seed, d in diffs)
+
+
+def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook) -> Verdict:
     # Bad cells are counted over the seed-matched pairs only, so that a seed one arm lacks cannot
     # tip the verdict (with the same seeds in both arms this is every cell).
     pairs, info = _pair(claim, a, b)
-    bad = ("diverged", "stalled")
+    bad = _bad_statuses(book)
     a_bad = sum(ra.status in bad for ra, _ in pairs)
     b_bad = sum(rb.status in bad for _, rb in pairs)
     la, lb = _label(claim.a), _label(claim.b or {})
     details: dict[str, Any] = {"a_n": len(a), "a_bad": a_bad, "b_n": len(b), "b_bad": b_bad, **info}
-    bad_line = f"diverged/stalled: {la} {a_bad} of {len(pairs)}, {lb} {b_bad} of {len(pairs)}"
+    what = "/".join(s.replace("_", " ") for s in bad)
+    bad_line = f"{what}: {la} {a_bad} of {len(pairs)}, {lb} {b_bad} of {len(pairs)}"
     unpaired = info["unpaired_a"] + info["unpaired_b"]
     if unpaired:
         bad_line += (f" paired cells ({info['unpaired_a']} of {la} and {info['unpaired_b']} of {lb} "
@@ -522,14 +618,14 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Ver
             return Verdict(claim, "not reproduced", bad_line, details)
 
     sign = 1.0 if claim.higher_is_better else -1.0
-    diffs: list[float] = []
+    diffs: list[tuple[int, float]] = []  # (seed, A - B signed so that positive means A better)
     for ra, rb in pairs:
         va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
         if ra.status != "ok" or rb.status != "ok" or va is None or vb is None:
             continue
         if not (math.isfinite(va) and math.isfinite(vb)):
             continue
-        diffs.append(sign * (float(va) - float(vb)))
+        diffs.append((ra.seed, sign * (float(va) - float(vb))))
     details["paired"] = len(diffs)
     # Written so that a positive number always means "A better".
     head = f"{la} - {lb}" if claim.higher_is_better else f"{lb} - {la}"
@@ -537,20 +633,50 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record]) -> Ver
     if len(diffs) < 2:
         measured = f"{claim.metric}: only {len(diffs)} paired ok seed(s) with the metric, need 2{suffix}"
         return Verdict(claim, "inconclusive", measured, details)
-    s = summarize(diffs, level=_LEVEL, resamples=_RESAMPLES, seed=_SEED)
-    assert s.mean is not None and s.ci_low is not None and s.ci_high is not None
-    details.update({"mean_diff": s.mean, "std_diff": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high,
-                    "level": _LEVEL, "higher_is_better": claim.higher_is_better})
-    verdict = "reproduced" if s.ci_low > 0 else "not reproduced" if s.ci_high < 0 else "inconclusive"
-    # context for the reader, not part of the rule: how many seeds favour A, and the t interval
-    t_low, t_high = t_mean_ci(diffs, _LEVEL)
-    favour = sum(d > 0 for d in diffs)
-    details.update({"t_ci_low": t_low, "t_ci_high": t_high, "pairs_favouring_a": favour})
+    values = [d for _, d in diffs]
+    favour = sum(d > 0 for d in values)
     lower = "" if claim.higher_is_better else ", lower is better"
-    measured = (f"{head} {claim.metric} {_fmt(s.mean)} [{_LEVEL:.0%} CI {_fmt(s.ci_low)}, {_fmt(s.ci_high)}] "
-                f"over {s.n} paired seeds{lower}; {favour} of {s.n} favour {la}; t interval "
-                f"[{_fmt(t_low)}, {_fmt(t_high)}]{suffix}")
+    if book.better_test == "bootstrap_ci":  # rule book v1, kept to show where verdicts changed
+        lo, hi = bootstrap_mean_ci(values, level=_LEVEL, resamples=_RESAMPLES, seed=_SEED, min_values=2)
+        mean = float(np.mean(values))
+        details.update({"mean_diff": mean, "ci_low": lo, "ci_high": hi, "pairs_favouring_a": favour})
+        verdict = "reproduced" if lo > 0 else "not reproduced" if hi < 0 else "inconclusive"
+        measured = (f"{head} {claim.metric} {_fmt(mean)} [95% bootstrap {_fmt(lo)}, {_fmt(hi)}] over "
+                    f"{len(values)} paired seeds{lower}; {favour} of {len(values)} favour {la}{suffix}")
+        return Verdict(claim, verdict, measured, details)
+
+    s = summarize(values, level=book.level)
+    assert s.mean is not None and s.std is not None and s.ci_low is not None and s.ci_high is not None
+    p = paired_t_test(values)
+    details.update({"mean_diff": s.mean, "std_diff": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high,
+                    "level": book.level, "higher_is_better": claim.higher_is_better, "p": p,
+                    "pairs_favouring_a": favour, "diffs": {str(seed): d for seed, d in diffs}})
+    mde = min_detectable_effect(s.std, s.n, book.alpha, book.power) if s.std > 0 else 0.0
+    details["mde"] = mde
+    power_words = f"detectable at {book.power:.0%} power: {_fmt(mde).lstrip('+')}"
+    if claim.paper_effect is not None:
+        needed = pairs_needed(s.std, claim.paper_effect, book.alpha, book.power) if s.std > 0 else s.n
+        details.update({"paper_effect": claim.paper_effect, "pairs_needed": needed})
+        power_words += (f"; paper's effect {_fmt(claim.paper_effect).lstrip('+')} needs "
+                        + (f"{needed} seeds" if needed is not None else "more than 200 seeds"))
+    # the verdict before the family's Holm correction (judge_all finishes it)
+    verdict = _better_verdict(details, p, book)
+    measured = (f"{head} {claim.metric} {_fmt(s.mean)} [95% paired t {_fmt(s.ci_low)}, {_fmt(s.ci_high)}] "
+                f"over {s.n} paired seeds{lower} ({_seed_pairs(diffs)}); one-sided p={p:.3g}; "
+                f"{power_words}{suffix}")
     return Verdict(claim, verdict, measured, details)
+
+
+def _better_verdict(details: Mapping[str, Any], p_adjusted: float, book: RuleBook) -> str:
+    """Rule book v2's "better" verdict from the (Holm-adjusted) p and the interval and power."""
+    if p_adjusted < book.alpha:
+        return "reproduced"
+    if details["ci_high"] < 0:
+        return "not reproduced"
+    effect = details.get("paper_effect")
+    if effect is not None and effect < details["mde"]:
+        return "underpowered"
+    return "inconclusive"
 
 
 def numeric_order(value: str) -> tuple:
@@ -562,16 +688,15 @@ def numeric_order(value: str) -> tuple:
         return (1, 0.0, value)
 
 
-def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
+def _bests(claim: Claim, cells: Sequence[Record]) -> tuple[dict[str, str], dict[str, tuple[str, float]]]:
+    """The best `over` setting per `across` value by the metric averaged over the given ok cells,
+    and the runner-up with its margin."""
     means: dict[str, dict[str, list[float]]] = {}
-    grid = sorted({r.arm.get(claim.over, "") for r in a}, key=numeric_order)
-    for r in a:
+    for r in cells:
         value = r.metrics.get(claim.metric)
         if r.status == "ok" and value is not None and math.isfinite(value):
             means.setdefault(r.arm.get(claim.across, ""), {}).setdefault(r.arm.get(claim.over, ""), []).append(value)
     best: dict[str, str] = {}
-    # Context that no verdict uses: how far the best beats the runner-up (a reader weighs a best
-    # that wins by 0.01 nats differently from one that wins by 0.1).
     runner_up: dict[str, tuple[str, float]] = {}
     for across, by_setting in sorted(means.items(), key=lambda kv: numeric_order(kv[0])):
         averaged = {k: sum(v) / len(v) for k, v in by_setting.items()}
@@ -579,8 +704,15 @@ def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
         best[across] = ranked[0]
         if len(ranked) > 1:
             runner_up[across] = (ranked[1], abs(averaged[ranked[0]] - averaged[ranked[1]]))
+    return best, runner_up
+
+
+def _judge_same_best(claim: Claim, a: Sequence[Record], book: RuleBook) -> Verdict:
+    grid = sorted({r.arm.get(claim.over, "") for r in a}, key=numeric_order)
+    best, runner_up = _bests(claim, a)
 
     def won(across: str) -> str:
+        # context: a best that wins by 0.01 nats weighs differently from one that wins by 0.1
         if across not in runner_up:
             return ""
         second, margin = runner_up[across]
@@ -589,8 +721,19 @@ def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
     measured = (f"best {claim.over} by {claim.across}: "
                 + ", ".join(f"{k} -> {v}{won(k)}" for k, v in best.items())
                 + f" ({claim.metric}, mean over ok seeds; grid {grid[0]} to {grid[-1]}, {len(grid)} values)")
-    details = {"best": best, "grid": grid,
-               "runner_up": {k: {"setting": v[0], "margin": v[1]} for k, v in runner_up.items()}}
+    details: dict[str, Any] = {"best": best, "grid": grid,
+                               "runner_up": {k: {"setting": v[0], "margin": v[1]} for k, v in runner_up.items()}}
+    # The uncertainty of the best: each seed's own best per depth, and whether it is the shared one.
+    per_seed = {seed: _bests(claim, [r for r in a if r.seed == seed])[0] for seed in sorted({r.seed for r in a})}
+    shared = set(best.values())
+    agree = [seed for seed, b in per_seed.items()
+             if len(shared) == 1 and set(b) == set(best) and set(b.values()) == shared]
+    details.update({"per_seed_best": {str(k): v for k, v in per_seed.items()}, "seeds_agreeing": len(agree)})
+    if book.same_best_per_seed:
+        measured += (f"; each seed's own best ({claim.across}: {claim.over}): "
+                     + "; ".join(f"seed {seed} " + ", ".join(f"{k}: {v}" for k, v in b.items())
+                                 for seed, b in per_seed.items())
+                     + f"; {len(agree)} of {len(per_seed)} seeds agree with the shared best")
     no_best = sorted({r.arm.get(claim.across, "") for r in a} - set(best), key=numeric_order)
     if no_best:
         details["no_ok_cell"] = no_best
@@ -604,11 +747,18 @@ def _judge_same_best(claim: Claim, a: Sequence[Record]) -> Verdict:
         measured += "; the shared best is at the edge of the grid, so the optimum is not bracketed"
     verdict = ("inconclusive" if at_edge or spread == 1 else "reproduced" if spread == 0
                else "not reproduced")
+    if verdict == "reproduced" and book.same_best_per_seed and len(agree) < len(per_seed):
+        verdict = "inconclusive"
+        measured += "; the shared best is not every seed's best"
     return Verdict(claim, verdict, measured, {**details, "spread_steps": spread, "at_edge": at_edge})
 
 
-def judge(claim: Claim, records: Sequence[Record]) -> Verdict:
-    """The verdict on `claim` from `records`, by the pre-registered rules in this module's docstring."""
+def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None = None) -> Verdict:
+    """The verdict on `claim` from `records` under rule book `book` (default: the current one).
+
+    The records' statuses must already carry the book's outcomes (runner/rulebook.py `outcome`).
+    A "better" claim judged alone is its own family; `judge_all` corrects a table's family."""
+    book = rulebook(CURRENT if book is None else book) if not isinstance(book, RuleBook) else book
     if claim.kind not in KINDS:
         raise ValueError(f"claim {claim.id!r}: unknown kind {claim.kind!r}; known: {list(KINDS)}")
     for r in records:
@@ -629,15 +779,46 @@ def judge(claim: Claim, records: Sequence[Record]) -> Verdict:
         return Verdict(claim, "not run", f"no run of {' and '.join(empty)} (none, or only crashed ones)",
                        {"a_n": len(a), "b_n": len(b)} if two_arms else {"n": 0})
     if claim.kind == "same_best":
-        return _judge_same_best(claim, a)
+        return _judge_same_best(claim, a, book)
     if claim.kind == "diverges":
         return _judge_diverges(claim, a)
     if claim.kind == "trains":
-        return _judge_trains(claim, a)
+        return _judge_trains(claim, a, book)
     if claim.kind == "fails_to_train":
-        return _judge_fails_to_train(claim, a)
+        return _judge_fails_to_train(claim, a, book)
     if claim.kind == "more_diverged":
         return _judge_more_failed(claim, a, b)
     if claim.kind == "more_failed":
-        return _judge_more_failed(claim, a, b, failed=("diverged", "stalled"))
-    return _judge_better(claim, a, b)
+        return _judge_more_failed(claim, a, b, failed=_bad_statuses(book))
+    return _judge_better(claim, a, b, book)
+
+
+def family_of(claim: Claim) -> str:
+    """The family a "better" claim's test belongs to: the table's comparisons against one baseline
+    arm (its `b` selector)."""
+    return _label(claim.b or {})
+
+
+def judge_all(claims: Sequence[Claim], records: Sequence[Record], book: RuleBook | int | None = None
+              ) -> list[Verdict]:
+    """Every claim of one table judged under `book`; in rule book v2 the "better" claims tested
+    against the same baseline arm are one family whose p-values are Holm-corrected."""
+    book = rulebook(CURRENT if book is None else book) if not isinstance(book, RuleBook) else book
+    out = [judge(c, records, book) for c in claims]
+    if book.better_test != "paired_t_holm":
+        return out
+    families: dict[str, list[int]] = {}
+    for i, v in enumerate(out):
+        if v.claim.kind == "better" and "p" in v.details:
+            families.setdefault(family_of(v.claim), []).append(i)
+    for members in families.values():
+        adjusted = holm([out[i].details["p"] for i in members])
+        for i, p_adj in zip(members, adjusted):
+            v = out[i]
+            details = {**v.details, "p_holm": p_adj, "family_size": len(members)}
+            measured = v.measured
+            if len(members) > 1:
+                measured = measured.replace(f"one-sided p={v.details['p']:.3g}",
+                                            f"one-sided p={v.details['p']:.3g}, Holm over {len(members)}: {p_adj:.3g}")
+            out[i] = Verdict(v.claim, _better_verdict(details, p_adj, book), measured, details)
+    return out

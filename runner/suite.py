@@ -31,12 +31,13 @@ from runner.evidence import (
     Summary,
     Verdict,
     claim_from_dict,
-    judge,
+    judge_all,
     numeric_order,
     selector_matches,
     summarize,
 )
 from runner.records import Records, cell_key, record_from_run, results_root
+from runner.rulebook import CURRENT, NOT_TRAINED, describe, outcome, rulebook
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
 from runner.sweep.report import markdown_table
@@ -293,13 +294,26 @@ def _summary_text(s: Summary, spec: str) -> str:
     return f"{s.mean:{spec}} ± {s.std:{spec}} [{s.ci_low:{spec}}, {s.ci_high:{spec}}]"
 
 
-def evidence_records(cells: Sequence[SuiteCell]) -> list[Record]:
+def suite_decodes(cells: Sequence[SuiteCell]) -> bool:
+    """Whether the suite scores BLEU (some record has one): its cells then meet the BLEU bar."""
+    return any(c.record is not None and c.record.get("bleu") is not None for c in cells)
+
+
+def cell_outcome(record: dict, decoded: bool, version: int = CURRENT) -> str:
+    """The record's outcome under rule book `version` ("trained" reads "ok", the evidence status)."""
+    result = outcome(record, rulebook(version), decoded=decoded)
+    return "ok" if result == "trained" else result
+
+
+def evidence_records(cells: Sequence[SuiteCell], version: int = CURRENT) -> list[Record]:
+    """The cells' records as evidence, each status its outcome under rule book `version`."""
+    decoded = suite_decodes(cells)
     out = []
     for cell in cells:
         r = cell.record
         if r is None:
             continue
-        out.append(Record(arm=dict(cell.arm), seed=cell.seed, status=r["status"],
+        out.append(Record(arm=dict(cell.arm), seed=cell.seed, status=cell_outcome(r, decoded, version),
                           metrics={**{k: r.get(k) for k in ("bleu", "sacrebleu", "best_valid_loss")},
                                    "bleu_last": _bleu_last(cell)}))
     return out
@@ -347,7 +361,8 @@ def arms_of(cells: Sequence[SuiteCell]) -> dict[tuple, list[SuiteCell]]:
 
 
 # the columns arm_row gives, after the arm's name and before the training minutes
-ARM_COLUMNS = ("seeds", "diverged", "stalled", "BLEU (tok)", "sacreBLEU", "best valid loss", "slope")
+ARM_COLUMNS = ("seeds", "diverged", "collapsed", "stalled", "< BLEU bar", "BLEU (tok)", "sacreBLEU",
+               "best valid loss", "slope")
 BLEU_LAST_COLUMN = "BLEU last ckpt"  # after "BLEU (tok)", in a table where some cell has bleu_last
 
 
@@ -372,21 +387,27 @@ def has_bleu_last(cells: Sequence[SuiteCell]) -> bool:
     return any(_arm_bleu_last(members) is not None for members in arms_of(cells).values())
 
 
-def arm_row(members: Sequence[SuiteCell], gpu: bool = False, last: bool = False) -> list[str]:
-    """One arm's columns after its name: seeds with a record / planned, diverged, stalled, BLEU,
-    (with `last`, the last checkpoint's BLEU), sacreBLEU, best validation loss, curve slope,
-    minutes of training; `gpu` adds the seconds per update and the peak GPU memory."""
+def arm_row(members: Sequence[SuiteCell], gpu: bool = False, last: bool = False,
+            decoded: Optional[bool] = None) -> list[str]:
+    """One arm's columns after its name: seeds with a record / planned; how many diverged,
+    collapsed, stalled, or decoded below the BLEU bar (rule book outcomes; "-" for the bar in a
+    suite that does not decode, `decoded`); BLEU (with `last`, the last checkpoint's BLEU),
+    sacreBLEU, best validation loss (means over the seeds that neither diverged, collapsed nor
+    stalled), curve slope, minutes of training; `gpu` adds the seconds per update and the peak GPU
+    memory."""
     done = [c.record for c in members if c.record is not None]
-    ok = [r for r in done if r["status"] == "ok"]
+    decoded = suite_decodes(members) if decoded is None else decoded
+    outcomes = [cell_outcome(r, decoded) for r in done]
+    ok = [r for r, o in zip(done, outcomes) if o in ("ok", "below_bar")]  # what the means average
 
     def values(key: str, ok_only: bool = True) -> list[float]:
-        return _finite_values(done, key, ok_only)
+        return _finite_values(ok if ok_only else done, key, ok_only=False)
 
     bleu_last = _arm_bleu_last(members)
     return [
         f"{len(done)}/{len(members)}",
-        str(sum(r["status"] == "diverged" for r in done)),
-        str(sum(r["status"] == "stalled" for r in done)),
+        *(str(outcomes.count(o)) for o in ("diverged", "collapsed", "stalled")),
+        str(outcomes.count("below_bar")) if decoded else "-",
         _summary_text(summarize(values("bleu")), ".2f"),
         *(("-" if bleu_last is None else _summary_text(summarize(bleu_last), ".2f"),) if last else ()),
         _summary_text(summarize(values("sacrebleu")), ".2f"),
@@ -405,16 +426,14 @@ def arm_rows(cells: Sequence[SuiteCell], gpu: bool = False, last: bool = False) 
             for arm, members in arms_of(cells).items()]
 
 
-def verdicts(preset: str, cells: Sequence[SuiteCell]) -> list[Verdict]:
-    """Each claim judged on the records; a claim whose arms still miss planned cells gets the
-    verdict "incomplete" (what the finished cells show so far stays in `measured`), so a partial
-    suite never reads as a result."""
-    claims = ((load_preset(preset).get("sweep") or {}).get("claims")) or []
-    records = evidence_records(cells)
+def verdicts(preset: str, cells: Sequence[SuiteCell], version: int = CURRENT) -> list[Verdict]:
+    """Each claim judged on the records under rule book `version`; a claim whose arms still miss
+    planned cells gets the verdict "incomplete" (what the finished cells show so far stays in
+    `measured`), so a partial suite never reads as a result."""
+    claims = [claim_from_dict(raw) for raw in ((load_preset(preset).get("sweep") or {}).get("claims")) or []]
+    judged = judge_all(claims, evidence_records(cells, version), version)
     out = []
-    for raw in claims:
-        claim = claim_from_dict(raw)
-        verdict = judge(claim, records)
+    for claim, verdict in zip(claims, judged):
         selected = [c for c in cells  # an empty selector {} picks every cell
                     if any(selector_matches(c.arm, sel) for sel in (claim.a, claim.b) if sel is not None)]
         done = sum(_has_evidence(c, claim) for c in selected)
@@ -448,8 +467,9 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
     header = ["arm", *arm_columns(last), "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
     lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
              f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
-             "Each arm: mean ± std over seeds [95% bootstrap CI of the mean]; diverged and "
-             "stalled seeds are counted apart and left out of the means.", "",
+             f"Each arm: {MEAN_WORDS}", "",
+             describe(rulebook()) + ("" if suite_decodes(cells) else
+                                     " This suite scores validation loss only, so no BLEU bar applies."), "",
              provenance(done), "",
              markdown_table(header, arm_rows(cells, gpu, last)), "",
              SLOPE_NOTE, "",
@@ -468,11 +488,18 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              "A verdict is final once every cell of the arms it compares has a record; until then "
              "it reads \"incomplete\". A claim marked † was added later, for the reason given "
              "below the table; it stands beside the claims written before the run and replaces "
-             "none of them.", ""]
+             "none of them. \"rule book v1\" gives the verdict under the first rules where it "
+             "differs, with the reason below the table.", ""]
     judged = verdicts(preset, cells)
-    rows = [[v.claim.id + (" †" if v.claim.added else ""), v.claim.text, v.measured, f"**{v.verdict}**"]
-            for v in judged]
-    lines += [markdown_table(["claim", "paper", "measured", "verdict"], rows) if rows else "(none)", ""]
+    old = verdicts(preset, cells, version=1)
+    rows = [[v.claim.id + (" †" if v.claim.added else ""), v.claim.text, v.measured, f"**{v.verdict}**",
+             "same" if o.verdict == v.verdict else o.verdict] for v, o in zip(judged, old)]
+    lines += [markdown_table(["claim", "paper", "measured", "verdict", "rule book v1"], rows)
+              if rows else "(none)", ""]
+    changed = [f"- {v.claim.id}: {o.verdict} under v1, {v.verdict} now: {change_reason(o, v)}"
+               for v, o in zip(judged, old) if o.verdict != v.verdict]
+    if changed:
+        lines += ["Verdicts that changed with the rule book:", "", *changed, ""]
     reasons: dict[str, list[str]] = {}  # claims added for one reason share its line
     for v in judged:
         if v.claim.added:
@@ -481,6 +508,39 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
     if any(v.claim.added for v in judged):
         lines.append("")
     return "\n".join(lines)
+
+
+MEAN_WORDS = ("mean ± std over seeds [95% Student-t CI of the mean]; seeds that diverged, collapsed or "
+              "stalled are counted apart and left out of the means; seeds below the BLEU bar are counted "
+              "and kept in them.")
+
+
+def change_reason(old: Verdict, new: Verdict) -> str:
+    """One sentence on why a claim's verdict differs between rule book v1 (`old`) and the current one."""
+    d, kind = new.details, new.claim.kind
+    provisional = new.verdict == "incomplete" or old.verdict == "incomplete"
+    prefix = "(provisional) " if provisional else ""
+    if kind in ("trains", "fails_to_train", "more_failed"):
+        extra = {k: d.get(k, 0) for k in ("collapsed", "below_bar") if d.get(k)}
+        if extra:
+            names = {"collapsed": "collapsed", "below_bar": "below the BLEU bar"}
+            words = " and ".join(f"{n} {names[k]}" for k, n in extra.items())
+            return (prefix + f"v2 counts {words} as not trained (v1 read the recorded status"
+                    + (" and the claim's own BLEU bar)" if new.claim.min_bleu is not None else ")"))
+        return prefix + "v2 applies one BLEU bar and the collapse rule to every suite, in place of the claim's own bar."
+    if kind == "better":
+        if "p" in d:
+            p = d.get("p_holm", d["p"])
+            return (prefix + f"v1 read the 95% bootstrap interval, which with {d.get('paired')} seeds is their "
+                    f"range; v2's one-sided paired t-test gives p={p:.3g}"
+                    + (f" after Holm over {d['family_size']} comparisons" if d.get("family_size", 1) > 1 else "")
+                    + (f", and the paper's effect is below the {d['mde']:.2f} detectable at 80% power"
+                       if new.verdict == "underpowered" else "") + ".")
+        return prefix + "v2 counts collapsed cells and cells below the BLEU bar as not trained."
+    if kind == "same_best":
+        return (prefix + f"v2 also asks each seed's own best to be the shared best; "
+                f"{d.get('seeds_agreeing', 0)} of {len(d.get('per_seed_best', {}))} seeds agree.")
+    return prefix + "v2 reads the cells' outcomes under its own definitions."
 
 
 @dataclass
@@ -502,10 +562,9 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
     last = any(has_bleu_last(part.cells) for _, parts in sections for part in parts)
     header = ["arm", "suite", *arm_columns(last), "CPU min"]
     lines = [f"# {title}", "", intro, "",
-             f"{len(done)} of {planned} cells trained. Each arm: mean ± std over seeds [95% bootstrap CI of "
-             "the mean]; diverged and stalled seeds are counted apart and left out of the means. Rows: "
-             "the arms whose seeds all trained first, by mean BLEU, then those with diverged or stalled "
-             "seeds, then those without a record. The claims and their verdicts are in each suite's "
+             f"{len(done)} of {planned} cells trained. Each arm: {MEAN_WORDS} Rows: "
+             "the arms whose seeds all trained first, by mean BLEU, then those with seeds that did not "
+             "train, then those without a record. The claims and their verdicts are in each suite's "
              "own report (results/<suite>/real/report.md).", "",
              provenance(done), ""]
     for heading, parts in sections:
@@ -514,10 +573,11 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
             for arm, members in arms_of(part.cells).items():
                 name = " ".join(f"{k}={v}" for k, v in arm if k not in part.drop) or "all"
                 records = [c.record for c in members if c.record is not None]
-                failed = sum(r["status"] in ("diverged", "stalled") for r in records)
+                decoded = suite_decodes(part.cells)
+                failed = sum(cell_outcome(r, decoded) in NOT_TRAINED for r in records)
                 bleu = _mean(_finite_values(records, "bleu"))
                 order = (failed / len(records), -bleu if bleu is not None else math.inf) if records else (2.0, 0.0)
-                rows.append((order, [name, part.suite, *arm_row(members, last=last)]))
+                rows.append((order, [name, part.suite, *arm_row(members, last=last, decoded=decoded)]))
                 if part.note:
                     notes.append(f"- {name} ({part.suite}): {part.note}")
         rows.sort(key=lambda row: row[0])  # stable: arms without a record keep their order, last

@@ -1,10 +1,13 @@
-"""runner/evidence.py: bootstrap CIs, sign test, paired differences and every verdict branch of `judge`.
+"""runner/evidence.py under rule book v1 (kept to show old verdicts beside new): bootstrap CIs, sign
+test, paired differences and every verdict branch of `judge`. Rule book v2 and the t-based
+statistics: tests/test_rulebook.py.
 
 Expected values are computed here independently of the implementation (hand values, brute-force
 enumeration, the statistics module), not by calling the code under test a second way.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -20,24 +23,25 @@ from runner.evidence import (
     judge,
     paired_difference,
     sign_test,
-    student_t_quantile,
     summarize,
     t_mean_ci,
 )
+
+judge_v1 = functools.partial(judge, book=1)
 
 # --------------------------------------------------------------------------- statistics
 
 
 def test_bootstrap_ci_of_a_constant_is_a_point():
-    assert bootstrap_mean_ci([0.1, 0.1, 0.1, 0.1]) == (0.1, 0.1)
+    assert bootstrap_mean_ci([0.1, 0.1, 0.1, 0.1], min_values=2) == (0.1, 0.1)
     s = summarize([2.5, 2.5, 2.5])
     assert s == Summary(n=3, mean=2.5, std=0.0, ci_low=2.5, ci_high=2.5)
 
 
 def test_bootstrap_ci_of_one_to_five_contains_the_mean_and_is_deterministic():
-    lo, hi = bootstrap_mean_ci([1, 2, 3, 4, 5], seed=7)
+    lo, hi = bootstrap_mean_ci([1, 2, 3, 4, 5], seed=7, min_values=2)
     assert 1 <= lo < 3 < hi <= 5
-    assert bootstrap_mean_ci([1, 2, 3, 4, 5], seed=7) == (lo, hi)
+    assert bootstrap_mean_ci([1, 2, 3, 4, 5], seed=7, min_values=2) == (lo, hi)
 
 
 def _enumerated_quantile(values, q):
@@ -56,14 +60,16 @@ def test_bootstrap_ci_matches_brute_force_enumeration(level):
     values = [0.0, 1.0, 5.0]
     alpha = 1 - level
     expected = (_enumerated_quantile(values, alpha / 2), _enumerated_quantile(values, 1 - alpha / 2))
-    lo, hi = bootstrap_mean_ci(values, level=level, resamples=20000, seed=0)
+    lo, hi = bootstrap_mean_ci(values, level=level, resamples=20000, seed=0, min_values=2)
     assert lo == pytest.approx(expected[0], abs=0.05)
     assert hi == pytest.approx(expected[1], abs=0.05)
 
 
 def test_bootstrap_rejects_too_few_or_non_finite_values():
+    with pytest.raises(ValueError, match="at least 10"):  # below 10 values it is close to the range
+        bootstrap_mean_ci([1.0, 2.0, 3.0])
     with pytest.raises(ValueError):
-        bootstrap_mean_ci([1.0])
+        bootstrap_mean_ci([1.0], min_values=1)
     with pytest.raises(ValueError):
         bootstrap_mean_ci([1.0, float("nan")])
     with pytest.raises(ValueError):
@@ -76,7 +82,9 @@ def test_summarize_std_is_sample_std_and_small_n_has_no_spread():
     assert s.n == 4
     assert s.mean == pytest.approx(statistics.fmean(values))
     assert s.std == pytest.approx(statistics.stdev(values))  # ddof=1
-    assert min(values) <= s.ci_low < s.mean < s.ci_high <= max(values)
+    # Student t: mean -/+ t(0.975, 3) s / 2, t(0.975, 3) = 3.182 from a printed table
+    half = 3.182446 * statistics.stdev(values) / 2
+    assert (s.ci_low, s.ci_high) == pytest.approx((s.mean - half, s.mean + half), abs=1e-5)
     assert summarize([4.0]) == Summary(n=1, mean=4.0, std=None, ci_low=None, ci_high=None)
     assert summarize([]) == Summary(n=0, mean=None, std=None, ci_low=None, ci_high=None)
 
@@ -98,9 +106,9 @@ def test_paired_difference_uses_only_common_seeds():
     assert s.n == 2
     assert s.mean == pytest.approx(((12 - 11) + (13 - 11)) / 2)
     assert s.std == pytest.approx(statistics.stdev([1.0, 2.0]))
-    # Two values: the resampled means are 1, 1.5, 1.5 and 2 (each 1/4), so the 2.5% and 97.5%
-    # quantiles are the two values themselves.
-    assert (s.ci_low, s.ci_high) == pytest.approx((1.0, 2.0))
+    # Two values: the paired t interval is mean -/+ 12.706 * s / sqrt(2), t(0.975, 1) = 12.706
+    half = 12.706205 * statistics.stdev([1.0, 2.0]) / math.sqrt(2)
+    assert (s.ci_low, s.ci_high) == pytest.approx((1.5 - half, 1.5 + half), abs=1e-5)
     # Insertion order does not matter: seeds are paired, then taken in sorted order.
     assert paired_difference(dict(reversed(list(a.items()))), b) == s
 
@@ -150,11 +158,11 @@ def test_judge_diverges(statuses, verdict, k):
     claim = Claim(id="d", text="Post-LN without warmup diverges (Fig. 1)", kind="diverges",
                   a={"method": "postln"})
     records = _recs(POSTLN, statuses) + _recs({"method": "preln", "warmup": "none"}, ["ok", "ok"])
-    v = judge(claim, records)
+    v = judge_v1(claim, records)
     assert v.verdict == verdict
     if k is not None:
         n = sum(s != "failed" for s in statuses)
-        assert v.details == {"n": n, "diverged": k}
+        assert v.details == {"n": n, "diverged": k, "collapsed": 0}
         assert f"{k} of {n} seeds diverged" in v.measured
 
 
@@ -167,7 +175,7 @@ def test_judge_diverges(statuses, verdict, k):
 def test_judge_trains(statuses, verdict):
     claim = Claim(id="t", text="Admin trains at 18 layers (Table 2)", kind="trains", a={"method": "admin"})
     records = _recs({"method": "admin"}, statuses) + _recs(POSTLN, ["diverged"])
-    v = judge(claim, records)
+    v = judge_v1(claim, records)
     assert v.verdict == verdict
     if statuses:
         bad = sum(s in ("diverged", "stalled") for s in statuses)
@@ -187,7 +195,7 @@ def test_judge_fails_to_train(statuses, verdict):
                              "added": "after seed 1: a plateau, not a blow-up"})
     assert claim.added == "after seed 1: a plateau, not a blow-up"
     records = _recs(POSTLN, statuses) + _recs({"method": "preln", "warmup": "none"}, ["stalled"])
-    v = judge(claim, records)
+    v = judge_v1(claim, records)
     assert v.verdict == verdict
     if verdict != "not run":
         n = sum(s != "failed" for s in statuses)
@@ -203,7 +211,7 @@ SIGMA_BLEU = [None, 2.21, 0.0]
 
 def test_trains_without_a_bleu_bar_counts_near_unigram_cells_as_trained():
     claim = claim_from_dict({"id": "t", "text": "trains", "kind": "trains", "a": POSTLN})
-    v = judge(claim, _recs(POSTLN, ["stalled", "ok", "ok"], SIGMA_BLEU))
+    v = judge_v1(claim, _recs(POSTLN, ["stalled", "ok", "ok"], SIGMA_BLEU))
     assert claim.min_bleu is None and v.verdict == "inconclusive"
     assert v.details["trained"] == 2 and "below_bleu_bar" not in v.details
 
@@ -216,7 +224,7 @@ def test_trains_without_a_bleu_bar_counts_near_unigram_cells_as_trained():
 ])
 def test_trains_with_a_bleu_bar(statuses, bleu, verdict, low):
     claim = claim_from_dict({"id": "t", "text": "trains", "kind": "trains", "a": POSTLN, "min_bleu": 10})
-    v = judge(claim, _recs(POSTLN, statuses, bleu))
+    v = judge_v1(claim, _recs(POSTLN, statuses, bleu))
     assert claim.min_bleu == 10.0
     assert v.verdict == verdict
     assert v.details["below_bleu_bar"] == low
@@ -227,9 +235,9 @@ def test_trains_with_a_bleu_bar(statuses, bleu, verdict, low):
 
 def test_fails_to_train_with_a_bleu_bar_is_the_complement():
     claim = claim_from_dict({"id": "f", "text": "fails", "kind": "fails_to_train", "a": POSTLN, "min_bleu": 5})
-    v = judge(claim, _recs(POSTLN, ["stalled", "ok", "ok"], SIGMA_BLEU))
+    v = judge_v1(claim, _recs(POSTLN, ["stalled", "ok", "ok"], SIGMA_BLEU))
     assert v.verdict == "reproduced" and v.details["failed"] == 3 and v.details["below_bleu_bar"] == 2
-    v = judge(claim, _recs(POSTLN, ["ok", "ok"], [5.0, 30.0]))
+    v = judge_v1(claim, _recs(POSTLN, ["ok", "ok"], [5.0, 30.0]))
     assert v.verdict == "not reproduced" and v.details["failed"] == 0
 
 
@@ -241,13 +249,13 @@ def test_a_bleu_bar_on_the_last_checkpoint_reads_bleu_last_not_the_averaged_bleu
     last = claim_from_dict({"id": "t", "text": "trains", "kind": "trains", "a": POSTLN, "min_bleu": 10,
                             "bleu_metric": "bleu_last"})
     assert averaged.bleu_metric == "bleu" and last.bleu_metric == "bleu_last"
-    v_avg, v_last = judge(averaged, records[:1]), judge(last, records[:1])
+    v_avg, v_last = judge_v1(averaged, records[:1]), judge_v1(last, records[:1])
     assert (v_avg.verdict, v_last.verdict) == ("not reproduced", "reproduced")
     assert "1 below 10 BLEU)" in v_avg.measured and "0 below 10 BLEU of the last checkpoint" in v_last.measured
     # each reading counts its own cell below the bar
-    assert judge(averaged, records).details["below_bleu_bar"] == 1
-    assert judge(last, records).details["below_bleu_bar"] == 1
-    assert judge(last, records[1:]).verdict == "not reproduced"
+    assert judge_v1(averaged, records).details["below_bleu_bar"] == 1
+    assert judge_v1(last, records).details["below_bleu_bar"] == 1
+    assert judge_v1(last, records[1:]).verdict == "not reproduced"
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -281,7 +289,7 @@ GRID_CLAIM = Claim(id="g", text="Post-LN diverges in more grid cells than Pre-LN
 
 def test_judge_more_diverged_reproduced():
     # 8 pairs, A alone diverged in all: p = 2 * 0.5**8 < 0.05.
-    v = judge(GRID_CLAIM, _grid("postln", ALL_CELLS) + _grid("preln", set()))
+    v = judge_v1(GRID_CLAIM, _grid("postln", ALL_CELLS) + _grid("preln", set()))
     assert v.verdict == "reproduced"
     assert (v.details["wins"], v.details["losses"], v.details["pairs"]) == (8, 0, 8)
     assert v.details["p"] == pytest.approx(0.0078125)
@@ -291,7 +299,7 @@ def test_judge_more_diverged_reproduced():
 def test_judge_more_diverged_inconclusive_when_not_significant():
     # 7 wins, 1 loss: p = 0.0703125 >= 0.05.
     b_div = {("12", 3)}
-    v = judge(GRID_CLAIM, _grid("postln", ALL_CELLS - b_div) + _grid("preln", b_div))
+    v = judge_v1(GRID_CLAIM, _grid("postln", ALL_CELLS - b_div) + _grid("preln", b_div))
     assert v.verdict == "inconclusive"
     assert (v.details["wins"], v.details["losses"]) == (7, 1)
     assert v.details["p"] == pytest.approx(0.0703125)
@@ -301,7 +309,7 @@ def test_judge_more_diverged_not_reproduced_and_ties_ignored():
     # Both diverged at depth 12 (ties, not counted); at depth 6 A alone in 1 cell, B alone in 2.
     a_div = {("12", s) for s in range(4)} | {("6", 0)}
     b_div = {("12", s) for s in range(4)} | {("6", 1), ("6", 2)}
-    v = judge(GRID_CLAIM, _grid("postln", a_div) + _grid("preln", b_div))
+    v = judge_v1(GRID_CLAIM, _grid("postln", a_div) + _grid("preln", b_div))
     assert v.verdict == "not reproduced"
     assert (v.details["wins"], v.details["losses"]) == (1, 2)
 
@@ -309,11 +317,11 @@ def test_judge_more_diverged_not_reproduced_and_ties_ignored():
 def test_judge_more_diverged_failed_cells_are_dropped_and_missing_arm_not_run():
     # A's failed cells at depth 6 leave 4 pairs (depth 12): 4 wins, p = 0.125 -> inconclusive.
     a = [r if r.arm["layers"] == "12" else Record(r.arm, r.seed, "failed", {}) for r in _grid("postln", ALL_CELLS)]
-    v = judge(GRID_CLAIM, a + _grid("preln", set()))
+    v = judge_v1(GRID_CLAIM, a + _grid("preln", set()))
     assert v.details["pairs"] == 4 and v.details["wins"] == 4
     assert v.details["p"] == pytest.approx(2 * 0.5**4)
     assert v.verdict == "inconclusive"
-    assert judge(GRID_CLAIM, _grid("postln", ALL_CELLS)).verdict == "not run"
+    assert judge_v1(GRID_CLAIM, _grid("postln", ALL_CELLS)).verdict == "not run"
 
 
 ADMIN = {"method": "admin", "warmup": "none"}
@@ -324,19 +332,12 @@ BETTER = Claim(id="b", text="Admin beats Pre-LN on BLEU (Table 2)", kind="better
 
 def test_judge_better_reproduced_by_paired_ci():
     records = _recs(ADMIN, ["ok"] * 3, [30.0, 31.0, 32.0]) + _recs(PRELN, ["ok"] * 3, [29.0, 30.0, 31.2])
-    v = judge(BETTER, records)
+    v = judge_v1(BETTER, records)
     assert v.verdict == "reproduced"
     assert v.details["paired"] == 3
     assert v.details["mean_diff"] == pytest.approx((1.0 + 1.0 + 0.8) / 3)
     assert 0.8 <= v.details["ci_low"] <= v.details["ci_high"] <= 1.0
     assert "over 3 paired seeds" in v.measured and "+0.93" in v.measured
-
-
-@pytest.mark.parametrize("df, table", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776),
-                                       (9, 2.262), (30, 2.042)])
-def test_student_t_quantile_matches_the_printed_table(df, table):
-    # two-sided 95% critical values as printed in Student's t tables (3 decimals)
-    assert student_t_quantile(0.975, df) == pytest.approx(table, abs=6e-4)
 
 
 def test_t_interval_by_hand_and_wider_than_the_bootstrap_at_three_seeds():
@@ -345,22 +346,21 @@ def test_t_interval_by_hand_and_wider_than_the_bootstrap_at_three_seeds():
     half = 4.302653 * sd / math.sqrt(3)
     low, high = t_mean_ci(diffs)
     assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-5)
-    b_low, b_high = bootstrap_mean_ci(diffs)
+    b_low, b_high = bootstrap_mean_ci(diffs, min_values=2)
     assert b_low == pytest.approx(0.8)  # with 3 values the 2.5% quantile is the smallest one
     assert low < b_low and high > b_high
-    v = judge(BETTER, _recs(ADMIN, ["ok"] * 3, [30.0, 31.0, 32.0]) + _recs(PRELN, ["ok"] * 3, [29.0, 30.0, 31.2]))
-    assert v.verdict == "reproduced"  # the pre-registered rule: the bootstrap CI
+    v = judge_v1(BETTER, _recs(ADMIN, ["ok"] * 3, [30.0, 31.0, 32.0]) + _recs(PRELN, ["ok"] * 3, [29.0, 30.0, 31.2]))
+    assert v.verdict == "reproduced"  # rule book v1: the bootstrap CI (every seed favours A)
     assert v.details["pairs_favouring_a"] == 3
-    assert (v.details["t_ci_low"], v.details["t_ci_high"]) == pytest.approx((low, high))
-    assert "3 of 3 favour method=admin;" in v.measured and f"t interval [{low:+.2f}, {high:+.2f}]" in v.measured
+    assert "3 of 3 favour method=admin" in v.measured and "95% bootstrap" in v.measured
 
 
 def test_judge_better_not_reproduced_and_inconclusive():
     worse = _recs(ADMIN, ["ok"] * 3, [28.0, 29.0, 30.0]) + _recs(PRELN, ["ok"] * 3, [29.0, 30.0, 31.2])
-    assert judge(BETTER, worse).verdict == "not reproduced"
+    assert judge_v1(BETTER, worse).verdict == "not reproduced"
     # Differences +1, -1, +0.5: the CI spans the all-(-1) and all-(+1) resamples, so it contains 0.
     mixed = _recs(ADMIN, ["ok"] * 3, [30.0, 29.0, 31.5]) + _recs(PRELN, ["ok"] * 3, [29.0, 30.0, 31.0])
-    v = judge(BETTER, mixed)
+    v = judge_v1(BETTER, mixed)
     assert v.verdict == "inconclusive"
     assert v.details["ci_low"] < 0 < v.details["ci_high"]
 
@@ -370,7 +370,7 @@ def test_judge_better_lower_is_better_flips_the_sign():
                   a={"method": "admin"}, b={"method": "preln"}, metric="loss", higher_is_better=False)
     records = (_recs(ADMIN, ["ok"] * 3, [3.0, 3.1, 3.2], name="loss")
                + _recs(PRELN, ["ok"] * 3, [3.5, 3.5, 3.6], name="loss"))
-    v = judge(claim, records)
+    v = judge_v1(claim, records)
     assert v.verdict == "reproduced"
     assert v.details["mean_diff"] == pytest.approx((0.5 + 0.4 + 0.4) / 3)
 
@@ -379,7 +379,7 @@ def test_judge_better_pairs_only_common_ok_seeds():
     # Seed 3 of A has no partner; B's seed 4 has none either; A's failed seed 0 is not evidence.
     a = _recs(ADMIN, ["failed", "ok", "ok", "ok"], [99.0, 30.0, 31.0, 50.0], seeds=[0, 1, 2, 3])
     b = _recs(PRELN, ["ok", "ok", "ok", "ok"], [10.0, 29.0, 30.5, 0.0], seeds=[0, 1, 2, 4])
-    v = judge(BETTER, a + b)
+    v = judge_v1(BETTER, a + b)
     assert v.details["paired"] == 2
     assert v.details["mean_diff"] == pytest.approx((1.0 + 0.5) / 2)
     assert v.verdict == "reproduced"
@@ -389,20 +389,20 @@ def test_judge_better_divergence_branches():
     # B diverged/stalled more and A never: reproduced whatever the metric says.
     a = _recs(ADMIN, ["ok"] * 3, [20.0, 20.0, 20.0])
     b = _recs(PRELN, ["diverged", "stalled", "ok"], [None, None, 30.0])
-    v = judge(BETTER, a + b)
+    v = judge_v1(BETTER, a + b)
     assert v.verdict == "reproduced" and (v.details["a_bad"], v.details["b_bad"]) == (0, 2)
     # A diverged more than B: not reproduced.
     a = _recs(ADMIN, ["diverged", "ok", "ok"], [None, 40.0, 40.0])
     b = _recs(PRELN, ["ok"] * 3, [20.0, 20.0, 20.0])
-    assert judge(BETTER, a + b).verdict == "not reproduced"
+    assert judge_v1(BETTER, a + b).verdict == "not reproduced"
     # Equal counts: compare the seeds where both are ok (seeds 1 and 2).
     a = _recs(ADMIN, ["diverged", "ok", "ok"], [None, 31.0, 32.0])
     b = _recs(PRELN, ["ok", "ok", "stalled"], [25.0, 30.0, None])
-    v = judge(BETTER, a + b)
+    v = judge_v1(BETTER, a + b)
     assert v.verdict == "inconclusive" and v.details["paired"] == 1  # one pair < 2
     a = _recs(ADMIN, ["diverged", "ok", "ok", "ok"], [None, 31.0, 32.0, 33.0])
     b = _recs(PRELN, ["stalled", "ok", "ok", "ok"], [None, 30.0, 30.5, 31.0])
-    v = judge(BETTER, a + b)
+    v = judge_v1(BETTER, a + b)
     assert v.verdict == "reproduced" and v.details["paired"] == 3
 
 
@@ -411,12 +411,12 @@ def test_judge_better_counts_bad_cells_over_seed_matched_pairs_only():
     # pairs A is 20 BLEU worse, so the paired CI decides: not reproduced.
     a = _recs(ADMIN, ["ok", "ok"], [10.0, 11.0], seeds=[1, 2])
     b = _recs(PRELN, ["ok", "ok", "diverged"], [30.0, 31.0, None], seeds=[1, 2, 3])
-    v = judge(BETTER, a + b)
+    v = judge_v1(BETTER, a + b)
     assert (v.details["a_bad"], v.details["b_bad"], v.details["unpaired_b"]) == (0, 0, 1)
     assert v.verdict == "not reproduced"
     # The same diverged cell with a partner in A counts: B bad, A never, reproduced.
     a = _recs(ADMIN, ["ok"] * 3, [10.0, 11.0, 12.0], seeds=[1, 2, 3])
-    v = judge(BETTER, a + b)
+    v = judge_v1(BETTER, a + b)
     assert v.verdict == "reproduced" and (v.details["a_bad"], v.details["b_bad"]) == (0, 1)
     assert v.measured == "diverged/stalled: method=admin 0 of 3, method=preln 1 of 3"
 
@@ -425,20 +425,20 @@ def test_judge_better_both_bad_with_b_worse_goes_on_to_the_paired_ci():
     # A bad in 1 seed and B in 2: neither shortcut applies (A is not clean), so the ok pairs decide.
     a = _recs(ADMIN, ["stalled", "ok", "ok", "ok"], [None, 31.0, 32.0, 33.0])
     b = _recs(PRELN, ["diverged", "diverged", "ok", "ok"], [None, None, 30.0, 30.5])
-    v = judge(BETTER, a + b)
+    v = judge_v1(BETTER, a + b)
     assert (v.details["a_bad"], v.details["b_bad"]) == (1, 2)
     assert v.details["paired"] == 2 and v.details["mean_diff"] == pytest.approx((2.0 + 2.5) / 2)
     assert v.verdict == "reproduced"  # both pairs favour A: bootstrap CI [2.0, 2.5]
     # An ok pair with a missing or NaN metric is not a pair.
     a[2] = Record(arm=dict(ADMIN), seed=2, status="ok", metrics={"bleu": float("nan")})
-    assert judge(BETTER, a + b).details["paired"] == 1
+    assert judge_v1(BETTER, a + b).details["paired"] == 1
 
 
 def test_judge_more_diverged_with_records_but_no_pairs_is_inconclusive():
     # A at depths 6/12, B only at depth 24: no cell pairs up.
     b = [Record(arm={"method": "preln", "layers": "24"}, seed=s, status="ok", metrics={}) for s in range(4)]
     a = _grid("postln", ALL_CELLS)
-    v = judge(GRID_CLAIM, a + b)
+    v = judge_v1(GRID_CLAIM, a + b)
     # "layers" is shared by every record, so it is a pairing axis: A's (6|12, s) never meets B's (24, s).
     assert v.details["pairs"] == 0 and v.verdict == "inconclusive"
 
@@ -447,14 +447,14 @@ def test_judge_more_failed_counts_stalled_as_failed():
     # A stalls in every cell, B trains: more_diverged sees nothing (0 wins), more_failed 8 wins.
     stalled_a = [Record(r.arm, r.seed, "stalled", {}) for r in _grid("postln", set())]
     b = _grid("preln", set())
-    assert judge(GRID_CLAIM, stalled_a + b).verdict == "not reproduced"
+    assert judge_v1(GRID_CLAIM, stalled_a + b).verdict == "not reproduced"
     failed = Claim(id="f", text="t", kind="more_failed", a={"method": "postln"}, b={"method": "preln"})
-    v = judge(failed, stalled_a + b)
+    v = judge_v1(failed, stalled_a + b)
     assert v.verdict == "reproduced" and (v.details["wins"], v.details["losses"]) == (8, 0)
     assert "diverged or stalled in 8 of 8 cells" in v.measured
     # A cell where both failed, one by diverging and one by stalling, is a tie, not a win.
     mixed = [Record(r.arm, r.seed, "diverged", {}) for r in _grid("preln", set())]
-    v = judge(failed, stalled_a + mixed)
+    v = judge_v1(failed, stalled_a + mixed)
     assert (v.details["wins"], v.details["losses"]) == (0, 0) and v.verdict == "not reproduced"
     with pytest.raises(ValueError, match="selector b"):
         claim_from_dict({"id": "f2", "text": "t", "kind": "more_failed", "a": {"method": "postln"}})
@@ -462,14 +462,14 @@ def test_judge_more_failed_counts_stalled_as_failed():
 
 def test_judge_more_diverged_counts_stalled_as_not_diverged():
     stalled = [Record(r.arm, r.seed, "stalled", {}) for r in _grid("preln", set())]
-    v = judge(GRID_CLAIM, _grid("postln", ALL_CELLS) + stalled)
+    v = judge_v1(GRID_CLAIM, _grid("postln", ALL_CELLS) + stalled)
     assert (v.details["wins"], v.details["losses"]) == (8, 0) and v.verdict == "reproduced"
 
 
 def test_judge_better_not_run_when_an_arm_only_crashed():
     a = _recs(ADMIN, ["ok", "ok"], [30.0, 31.0])
     b = _recs(PRELN, ["failed", "failed"], [None, None])
-    v = judge(BETTER, a + b)
+    v = judge_v1(BETTER, a + b)
     assert v.verdict == "not run"
     assert "method=preln" in v.measured
 
@@ -477,11 +477,11 @@ def test_judge_better_not_run_when_an_arm_only_crashed():
 def test_judge_rejects_overlapping_selectors_and_ambiguous_pairs():
     overlap = Claim(id="o", text="t", kind="better", a={"method": "admin"}, b={"warmup": "none"})
     with pytest.raises(ValueError, match="both selectors"):
-        judge(overlap, _recs(ADMIN, ["ok", "ok"], [1.0, 2.0]))
+        judge_v1(overlap, _recs(ADMIN, ["ok", "ok"], [1.0, 2.0]))
     # Two non-failed records for the same seed of A (a rerun not deduplicated): pairing is ambiguous.
     twice = _recs(ADMIN, ["ok", "ok"], [1.0, 2.0], seeds=[0, 0]) + _recs(PRELN, ["ok"], [1.0])
     with pytest.raises(ValueError, match="ambiguous"):
-        judge(BETTER, twice)
+        judge_v1(BETTER, twice)
 
 
 def _lr_record(layers: str, lr: str, seed: int, loss: float, status: str = "ok") -> Record:
@@ -498,7 +498,7 @@ def test_same_best_reproduced_when_the_best_lr_is_the_same_at_every_depth():
     losses = {("6", "1e-3"): 3.0, ("6", "3e-3"): 2.5, ("6", "1e-2"): 2.8,
               ("12", "1e-3"): 2.9, ("12", "3e-3"): 2.4, ("12", "1e-2"): 2.6}
     records = [_lr_record(d, lr, s, v + 0.01 * s) for (d, lr), v in losses.items() for s in (1, 2)]
-    verdict = judge(claim_from_dict(SAME_BEST), records)
+    verdict = judge_v1(claim_from_dict(SAME_BEST), records)
     assert verdict.verdict == "reproduced"
     assert verdict.details["best"] == {"6": "3e-3", "12": "3e-3"}
     # the runner-up and the margin of the means (seeds 1 and 2 add 0.01 and 0.02 to every loss)
@@ -514,8 +514,8 @@ def test_same_best_one_step_apart_is_inconclusive_and_two_steps_not_reproduced()
         for d, best in (("6", "1e-3"), ("12", best12)):
             out += [_lr_record(d, lr, 1, 1.0 if lr == best else 2.0) for lr in grid]
         return out
-    assert judge(claim_from_dict(SAME_BEST), records("3e-3")).verdict == "inconclusive"
-    assert judge(claim_from_dict(SAME_BEST), records("1e-2")).verdict == "not reproduced"
+    assert judge_v1(claim_from_dict(SAME_BEST), records("3e-3")).verdict == "inconclusive"
+    assert judge_v1(claim_from_dict(SAME_BEST), records("1e-2")).verdict == "not reproduced"
 
 
 def test_same_best_at_the_edge_of_the_grid_is_inconclusive():
@@ -523,24 +523,24 @@ def test_same_best_at_the_edge_of_the_grid_is_inconclusive():
     def records(best):  # the same best at both depths
         return [_lr_record(d, lr, 1, 1.0 if lr == best else 2.0) for d in ("6", "12") for lr in grid]
     for edge in ("1e-3", "1e-2"):
-        verdict = judge(claim_from_dict(SAME_BEST), records(edge))
+        verdict = judge_v1(claim_from_dict(SAME_BEST), records(edge))
         assert verdict.details["at_edge"] and verdict.verdict == "inconclusive"
         assert "not bracketed" in verdict.measured
-    assert judge(claim_from_dict(SAME_BEST), records("3e-3")).verdict == "reproduced"
+    assert judge_v1(claim_from_dict(SAME_BEST), records("3e-3")).verdict == "reproduced"
     # A failed top setting still bounds the grid: 3e-3 best at both depths is inside it.
     capped = [r for r in records("3e-3") if r.arm["optim.lr"] != "1e-2"]
     capped += [_lr_record(d, "1e-2", 1, float("nan"), "diverged") for d in ("6", "12")]
-    assert judge(claim_from_dict(SAME_BEST), capped).verdict == "reproduced"
+    assert judge_v1(claim_from_dict(SAME_BEST), capped).verdict == "reproduced"
     # Bests at opposite edges are as far apart as the grid allows: not reproduced.
     apart = [_lr_record("6", lr, 1, 1.0 if lr == "1e-3" else 2.0) for lr in grid]
     apart += [_lr_record("12", lr, 1, 1.0 if lr == "1e-2" else 2.0) for lr in grid]
-    assert judge(claim_from_dict(SAME_BEST), apart).verdict == "not reproduced"
+    assert judge_v1(claim_from_dict(SAME_BEST), apart).verdict == "not reproduced"
 
 
 def test_same_best_ignores_failed_settings_and_needs_over_and_across():
     records = [_lr_record("6", "1e-3", 1, 2.0), _lr_record("6", "1e-2", 1, 1.0, "diverged"),
                _lr_record("12", "1e-3", 1, 2.0), _lr_record("12", "1e-2", 1, 1.5)]
-    verdict = judge(claim_from_dict(SAME_BEST), records)
+    verdict = judge_v1(claim_from_dict(SAME_BEST), records)
     assert verdict.details["best"] == {"6": "1e-3", "12": "1e-2"}  # the diverged 1e-2 cannot be best at 6
     assert verdict.verdict == "inconclusive"  # one grid step apart
     with pytest.raises(ValueError, match="needs `over` and `across`"):
@@ -553,12 +553,12 @@ def test_same_best_with_a_depth_that_never_trained_is_inconclusive_and_names_it(
     grid = ["1e-3", "3e-3", "1e-2"]
     records = [_lr_record(d, lr, 1, 1.0 if lr == "3e-3" else 2.0) for d in ("6", "12") for lr in grid]
     records += [_lr_record("24", lr, 1, float("nan"), "diverged") for lr in grid]
-    verdict = judge(claim_from_dict(SAME_BEST), records)
+    verdict = judge_v1(claim_from_dict(SAME_BEST), records)
     assert verdict.verdict == "inconclusive"
     assert verdict.details["no_ok_cell"] == ["24"]
     assert "no ok cell at model.layers=24" in verdict.measured
     # One depth only: nothing to transfer to.
-    assert judge(claim_from_dict(SAME_BEST), records[:3]).verdict == "inconclusive"
+    assert judge_v1(claim_from_dict(SAME_BEST), records[:3]).verdict == "inconclusive"
 
 
 def test_a_list_in_a_selector_keeps_a_claim_to_its_part_of_the_grid():
@@ -569,13 +569,13 @@ def test_a_list_in_a_selector_keeps_a_claim_to_its_part_of_the_grid():
     records = [_lr_record(d, lr, 1, 1.0 if lr == "1e-2" else 2.0) for d in ("6", "12") for lr in grid]
     original = claim_from_dict({**SAME_BEST, "a": {"init": "depth_mup", "optim.lr": ["1e-3", "3e-3", "1e-2"]}})
     assert original.a == {"init": "depth_mup", "optim.lr": ("1e-3", "3e-3", "1e-2")}
-    verdict = judge(original, records)
+    verdict = judge_v1(original, records)
     assert verdict.verdict == "inconclusive" and verdict.details["grid"] == ["1e-3", "3e-3", "1e-2"]
-    assert judge(claim_from_dict(SAME_BEST), records).verdict == "reproduced"
+    assert judge_v1(claim_from_dict(SAME_BEST), records).verdict == "reproduced"
     # Lists work in every kind and label the arm with its values.
     trains = claim_from_dict({"id": "t", "text": "t", "kind": "trains", "a": {"optim.lr": ["1e-3", 0.5]}})
     assert trains.a == {"optim.lr": ("1e-3", "0.5")}
-    assert judge(trains, records).measured.startswith("2 of 2 cells trained (optim.lr=1e-3|0.5;")
+    assert judge_v1(trains, records).measured.startswith("2 of 2 cells trained (optim.lr=1e-3|0.5;")
     for bad in ([], [["1e-3"]], [{"x": 1}]):
         with pytest.raises(ValueError, match="optim.lr must be a value or a non-empty list"):
             claim_from_dict({**SAME_BEST, "a": {"optim.lr": bad}})
@@ -594,9 +594,9 @@ def test_an_axis_listed_in_a_selector_stays_a_pairing_axis():
                               "a": {"method": "post", "optim.lr": [0.001, 0.002]},
                               "b": {"method": "pre", "optim.lr": [0.001, 0.002]}})
     for claim in (whole, listed):
-        verdict = judge(claim, recs)
+        verdict = judge_v1(claim, recs)
         assert verdict.details["pair_axes"] == ["optim.lr"] and verdict.details["wins"] == 2, claim
     across = Claim(id="x", text="t", kind="more_diverged", a={"method": "post", "optim.lr": "0.002"},
                    b={"method": "pre", "optim.lr": ["0.001"]})  # a list built in Python works too
-    verdict = judge(across, recs)
+    verdict = judge_v1(across, recs)
     assert verdict.details["pair_axes"] == [] and verdict.details["wins"] == 2

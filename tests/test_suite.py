@@ -149,7 +149,8 @@ def test_transfer_panels_and_plot(tmp_path):
 def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(tmp_path, monkeypatch):
     """A claim whose BLEU bar reads the last checkpoint (bleu_metric: bleu_last) takes the values
     from last-checkpoint-bleu.jsonl beside the records, and reads incomplete while an ok cell of
-    its arm has no measurement; the claim on the averaged BLEU judges the records alone."""
+    its arm has no measurement; the claim on the averaged BLEU judges the records alone (rule book
+    v1, whose per-claim bars reports still show beside the current verdicts)."""
     import json as _json
 
     from runner.records import Records
@@ -174,28 +175,28 @@ def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(t
                 for c in cells]
     (tier / "last-checkpoint-bleu.jsonl").write_text(_json.dumps(measured[0]) + "\n" + _json.dumps(measured[1]) + "\n")
     suite.attach_records(cells, Records.load(tier))
-    by_id = {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}
+    by_id = {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells, version=1)}
     assert by_id["avg"].verdict == "not reproduced"
     assert by_id["last"].verdict == "incomplete"
     assert by_id["last"].measured.startswith("2 of 3 cells trained and measured on their last checkpoint")
     with (tier / "last-checkpoint-bleu.jsonl").open("a") as f:
         f.write(_json.dumps(measured[2]) + "\n")
     suite.attach_records(cells, Records.load(tier))
-    by_id = {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}
+    by_id = {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells, version=1)}
     assert by_id["last"].verdict == "reproduced" and by_id["avg"].verdict == "not reproduced"
     # a measurement taken beside another record of the cell (retrained since) is not used
     stale = dict(measured[2], bleu_averaged=7.0)
     (tier / "last-checkpoint-bleu.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in (*measured[:2], stale)))
     suite.attach_records(cells, Records.load(tier))
-    assert {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}["last"].verdict == "incomplete"
+    assert {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells, version=1)}["last"].verdict == "incomplete"
     (tier / "last-checkpoint-bleu.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in measured))
     # a cell trained with trainer.final_bleu_last carries bleu_last in its record: no file needed
     (tier / "last-checkpoint-bleu.jsonl").unlink()
     suite.attach_records(cells, Records.load(tier))
-    assert {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}["last"].verdict == "incomplete"
+    assert {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells, version=1)}["last"].verdict == "incomplete"
     for c in cells:
         c.record = {**c.record, "bleu_last": bleu[c.seed][1]}
-    assert {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells)}["last"].verdict == "reproduced"
+    assert {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells, version=1)}["last"].verdict == "reproduced"
     # saving the records writes the records alone: the measurements stay in their own file
     records = Records.load(tier)
     records.save()

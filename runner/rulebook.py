@@ -1,0 +1,165 @@
+"""The rule book: what a trained cell's outcome is called and how a claim is decided, versioned.
+
+One rule book judges every reproduction suite, the records trained before it included, so that
+the same claim word means the same thing in every table. A version never changes once written;
+a new reading is a new version, and reports show the verdicts of the version before it beside
+the current ones wherever the two differ (runner/evidence.py `judge_all`).
+
+Version 1 (the rules the first reports used):
+    - A cell's status is the one its run recorded: "diverged" (training loss NaN/inf, or above
+      `trainer.divergence.loss_bound` for `patience` updates), "stalled" (it ended without its best
+      validation NLL getting `stall_margin` nats below the unigram NLL), else "ok".
+    - The BLEU bar is per claim (a claim's `min_bleu`, in some suites only).
+    - Intervals: the 95% percentile bootstrap of the mean; with 2 or 3 seeds that is the range of
+      the seeds, which covers the mean about 50% / 75% of the time, not 95%.
+    - "better": reproduced when the bootstrap interval of the paired difference lies above 0.
+    - "same_best": the best setting of the seed-averaged metric, with no uncertainty.
+
+Version 2 (current):
+    - Outcome of a cell, first match wins:
+        diverged   as recorded by the run (the training-loss rule above, unchanged);
+        collapsed  the validation loss ends more than `collapse_margin` nats above its best and
+                   above the unigram NLL: it learned something, then lost it (a rise the training
+                   loss rule does not see, e.g. 6.2 -> 8.6 nats with 8.97 for uniform prediction);
+        stalled    as recorded by the run (best validation NLL not `stall_margin` below unigram);
+        below_bar  it decoded the test split and its BLEU (tok) on the scored checkpoint is below
+                   `bleu_bar`, or is missing;
+        trained    none of the above.
+      Suites that do not decode (validation loss only) have no BLEU bar; their "trained" reads
+      the losses alone, and their reports say so.
+    - The scored checkpoint is the one the suite's preset names (`bleu` in its records: the
+      average of its last `trainer.eval_average_last` checkpoints); a suite trained until its
+      curves flatten also records the last checkpoint (`bleu_last`) and the average of the
+      checkpoints taken after the curve flattened.
+    - A diverged cell whose loss at update 0 is already above the divergence bound blew up at
+      initialization, not during training; reports say which (records before version 2 have no
+      loss at update 0, and read "unknown").
+    - Intervals: Student-t 95% intervals of the mean (mean -/+ t(0.975, n-1) s / sqrt(n)); paired
+      Student-t intervals for differences between arms that share seeds. A bootstrap interval is
+      used only with at least `bootstrap_min_n` values.
+    - "better": a one-sided paired t-test of A - B > 0 at `alpha`; the "better" claims of one
+      table that compare against the same baseline arm are one family, their p-values corrected
+      by Holm's step-down method. Reproduced when the corrected p < alpha; not reproduced when the
+      paired-t 95% interval lies below 0 (A is worse); otherwise "underpowered" when the paper's
+      effect is smaller than the minimum detectable effect at `power` (from the measured SD of the
+      paired differences), else inconclusive. Every seed pair is listed.
+    - "same_best": the setting with the best seed-averaged metric at each depth (as version 1),
+      and also each seed's own best; reproduced only when every seed agrees with the shared best.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+OUTCOMES = ("trained", "diverged", "collapsed", "stalled", "below_bar", "failed")
+NOT_TRAINED = ("diverged", "collapsed", "stalled", "below_bar")
+
+
+@dataclass(frozen=True)
+class RuleBook:
+    """One version of the rules; never edited once a report used it (add a version instead)."""
+
+    version: int
+    interval: str  # "bootstrap" (v1) | "t": the interval of a mean and of a paired difference
+    better_test: str  # "bootstrap_ci" (v1) | "paired_t_holm"
+    bleu_bar: Optional[float]  # None: per claim (v1 `min_bleu`)
+    collapse_margin: Optional[float]  # nats; None: no "collapsed" outcome
+    same_best_per_seed: bool  # "same_best" needs every seed's own best to agree
+    alpha: float = 0.05  # one-sided, per test (Holm-corrected within a family in v2)
+    level: float = 0.95  # intervals
+    power: float = 0.80  # minimum detectable effect
+    stall_margin: float = 0.1  # nats below the unigram NLL (applied by the run: conf/trainer)
+    bootstrap_min_n: int = 10  # below this many values, intervals are Student t
+    scored_bleu: str = "bleu"  # the record's metric a BLEU bar and a BLEU table read
+
+
+RULEBOOKS: dict[int, RuleBook] = {
+    1: RuleBook(version=1, interval="bootstrap", better_test="bootstrap_ci", bleu_bar=None,
+                collapse_margin=None, same_best_per_seed=False, bootstrap_min_n=2),
+    # 10 BLEU: the bar the first suites set per claim (a model at 10 BLEU translates; one that
+    # learned word frequencies only scores 0-3 on Multi30k), now applied to every decoded cell.
+    # 0.5 nats: ten times the seed-to-seed SD of the trained arms' best validation losses (<= 0.05
+    # in table2) and far above the noise between two evaluations of one run.
+    2: RuleBook(version=2, interval="t", better_test="paired_t_holm", bleu_bar=10.0,
+                collapse_margin=0.5, same_best_per_seed=True),
+}
+CURRENT = 2
+
+
+def rulebook(version: int = CURRENT) -> RuleBook:
+    try:
+        return RULEBOOKS[version]
+    except KeyError:
+        raise ValueError(f"no rule book version {version}; known: {sorted(RULEBOOKS)}") from None
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def collapsed(record: Mapping[str, Any], book: RuleBook) -> bool:
+    """Whether the record's validation loss ended more than the margin above its best and above
+    the unigram NLL (rule book v2)."""
+    if book.collapse_margin is None:
+        return False
+    curve = [loss for _, loss in record.get("valid_curve") or [] if _finite(loss)]
+    unigram = record.get("valid_unigram_nll")
+    if len(curve) < 2 or not _finite(unigram):
+        return False
+    final, best = curve[-1], min(curve)
+    return final > best + book.collapse_margin and final > unigram
+
+
+def outcome(record: Mapping[str, Any], book: RuleBook, decoded: Optional[bool] = None) -> str:
+    """A record's outcome under `book`: one of OUTCOMES.
+
+    Under version 1 the outcome is the recorded status ("ok" reads "trained"; the claim's own
+    BLEU bar applies later). `decoded`: whether the record's suite scores BLEU (None: whether this
+    record has a BLEU field that is not None, or the run was not ok)."""
+    status = record.get("status", "failed")
+    if status == "ok" and record.get("stalled"):
+        status = "stalled"
+    if status in ("failed", "diverged"):
+        return status
+    if collapsed(record, book):
+        return "collapsed"
+    if status == "stalled":
+        return "stalled"
+    if status != "ok":
+        return "failed"
+    if book.bleu_bar is not None:
+        bleu = record.get(book.scored_bleu)
+        decodes = decoded if decoded is not None else bleu is not None
+        if decodes and (not _finite(bleu) or bleu < book.bleu_bar):
+            return "below_bar"
+    return "trained"
+
+
+def blow_up_cause(record: Mapping[str, Any], bound: Optional[float]) -> str:
+    """For a diverged record: "at initialization" when its loss at update 0 was already above the
+    divergence bound (or not finite), "during training" when it was below, "unknown" when the
+    record has no loss at update 0."""
+    initial = record.get("initial_loss")
+    if initial is None:
+        return "unknown"
+    if not _finite(initial) or (bound is not None and initial > bound):
+        return "at initialization"
+    return "during training"
+
+
+def describe(book: RuleBook) -> str:
+    """One paragraph of the rules, for a report's header."""
+    if book.version == 1:
+        return ("Rule book v1: statuses as the runs recorded them (diverged, stalled); a BLEU bar "
+                "only where a claim set one; 95% percentile-bootstrap intervals; \"better\" when the "
+                "bootstrap interval of the paired difference lies above 0.")
+    return (f"Rule book v{book.version} (runner/rulebook.py): a cell is diverged (training loss "
+            "NaN/inf or above the bound), collapsed (validation loss ends more than "
+            f"{book.collapse_margin:g} nats above its best and above the unigram NLL), stalled (best "
+            f"validation NLL not {book.stall_margin:g} nats below the unigram NLL), below the bar (a "
+            f"decoding suite's BLEU (tok) under {book.bleu_bar:g}) or trained. Intervals are Student-t "
+            f"{book.level:.0%} intervals (paired by seed for differences). \"better\" is a one-sided "
+            f"paired t-test at alpha {book.alpha:g}, Holm-corrected over a table's claims against the "
+            f"same baseline; a claim whose paper-sized effect is below the minimum detectable effect "
+            f"at {book.power:.0%} power reads \"underpowered\".")

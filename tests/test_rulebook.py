@@ -1,0 +1,244 @@
+"""Rule book v2 (runner/rulebook.py) and the statistics it decides by (runner/evidence.py).
+
+Expected values come from scipy.stats called directly on hand-made values, from printed tables, or
+from simulation: never from the code under test called a second way.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from runner.evidence import (
+    Claim,
+    Record,
+    claim_from_dict,
+    holm,
+    judge,
+    judge_all,
+    min_detectable_effect,
+    paired_t_test,
+    pairs_needed,
+    summarize,
+    t_mean_ci,
+    t_test_power,
+)
+from runner.rulebook import RULEBOOKS, blow_up_cause, collapsed, outcome, rulebook
+
+# --------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("values", [[31.2, 33.0, 32.1], [1.0, 2.0], [0.3, -0.1, 0.25, 0.4, 0.0]])
+def test_t_interval_matches_scipy(values):
+    low, high = t_mean_ci(values)
+    expected = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+    assert (low, high) == pytest.approx(expected, rel=1e-12)
+    s = summarize(values)
+    assert (s.ci_low, s.ci_high) == pytest.approx(expected, rel=1e-12)
+
+
+def test_t_interval_by_the_printed_table():
+    # t(0.975, 2) = 4.303 (printed tables): three seeds' interval is mean -/+ 4.303 s / sqrt 3
+    values = [29.40, 29.67, 29.64]
+    half = 4.302653 * statistics.stdev(values) / math.sqrt(3)
+    assert t_mean_ci(values) == pytest.approx((statistics.fmean(values) - half, statistics.fmean(values) + half),
+                                              abs=1e-5)
+
+
+def test_paired_t_test_matches_scipy_ttest_rel():
+    a = [30.0, 31.0, 32.0, 29.5]
+    b = [29.0, 30.4, 31.9, 29.8]
+    expected = stats.ttest_rel(a, b, alternative="greater").pvalue
+    assert paired_t_test([x - y for x, y in zip(a, b)]) == pytest.approx(expected, rel=1e-10)
+    # The direction matters: the mirror image has p = 1 - p.
+    assert paired_t_test([y - x for x, y in zip(a, b)]) == pytest.approx(1 - expected, rel=1e-10)
+    assert paired_t_test([0.5, 0.5, 0.5]) == 0.0 and paired_t_test([-0.5, -0.5]) == 1.0
+
+
+def test_holm_by_hand():
+    # m = 4, sorted p 0.01, 0.02, 0.03, 0.2 -> 0.04, 0.06, 0.06 (monotone), 0.2
+    assert holm([0.03, 0.01, 0.2, 0.02]) == pytest.approx([0.06, 0.04, 0.2, 0.06])
+    assert holm([0.6]) == [0.6]
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([]) == []
+
+
+def test_power_matches_a_simulation_and_the_mde_has_the_stated_power():
+    sd, n = 0.4, 3
+    mde = min_detectable_effect(sd, n)
+    assert t_test_power(mde, sd, n) == pytest.approx(0.80, abs=1e-9)
+    # Independent check by simulation: draw n normal differences with mean mde, test them.
+    rng = np.random.default_rng(0)
+    draws = rng.normal(mde, sd, size=(20000, n))
+    p = stats.ttest_1samp(draws, 0.0, axis=1, alternative="greater").pvalue
+    assert float(np.mean(p < 0.05)) == pytest.approx(0.80, abs=0.012)
+    # More pairs detect smaller effects.
+    assert min_detectable_effect(sd, 10) < mde
+
+
+def test_pairs_needed_is_the_first_n_with_the_power():
+    sd, effect = 0.40, 0.32  # Admin vs Pre-LN at 12 layers: the paper's +0.32 BLEU
+    n = pairs_needed(sd, effect)
+    assert n is not None and n > 3
+    assert t_test_power(effect, sd, n) >= 0.80 > t_test_power(effect, sd, n - 1)
+    assert pairs_needed(sd, 0.0) is None and pairs_needed(sd, 1e-6, most=20) is None
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def _rec(**kw):
+    base = {"status": "ok", "stalled": False, "valid_unigram_nll": 5.65, "bleu": 25.0,
+            "valid_curve": [[200, 6.0], [400, 5.0], [600, 4.5]]}
+    return {**base, **kw}
+
+
+def test_outcomes_in_the_rule_books_order():
+    v2 = rulebook(2)
+    assert outcome(_rec(), v2) == "trained"
+    assert outcome(_rec(status="diverged"), v2) == "diverged"
+    assert outcome(_rec(status="failed"), v2) == "failed"
+    # validation loss 6.23 -> 8.56, above unigram 5.65 and 2.3 nats above its best: collapsed,
+    # though the run recorded "stalled" (its best NLL never got below the unigram NLL)
+    rose = [[200, 6.23], [1000, 7.4], [2000, 8.56]]
+    assert outcome(_rec(status="ok", stalled=True, valid_curve=rose, bleu=0.0), v2) == "collapsed"
+    assert outcome(_rec(stalled=True), v2) == "stalled"
+    assert outcome(_rec(bleu=9.99), v2) == "below_bar"
+    assert outcome(_rec(bleu=None), v2, decoded=True) == "below_bar"  # a decoding suite's cell without BLEU
+    assert outcome(_rec(bleu=None), v2, decoded=False) == "trained"  # a loss-only suite
+    # v1 keeps the recorded status and has no bar
+    assert outcome(_rec(bleu=0.0, valid_curve=rose), rulebook(1)) == "trained"
+
+
+@pytest.mark.parametrize("curve, unigram, expected", [
+    ([[1, 6.0], [2, 6.51]], 5.0, True),    # 0.51 above its best, above unigram
+    ([[1, 6.0], [2, 6.49]], 5.0, False),   # within the 0.5-nat margin
+    ([[1, 3.0], [2, 4.0]], 5.0, False),    # rose by 1 nat but still below the unigram NLL
+    ([[1, 6.0]], 5.0, False),              # one point: nothing to compare
+])
+def test_collapse_margin_and_unigram_condition(curve, unigram, expected):
+    assert collapsed({"valid_curve": curve, "valid_unigram_nll": unigram}, rulebook(2)) is expected
+    assert collapsed({"valid_curve": curve, "valid_unigram_nll": unigram}, rulebook(1)) is False
+
+
+def test_blow_up_cause_reads_the_loss_at_update_0():
+    assert blow_up_cause({"initial_loss": 302.0}, 10.0) == "at initialization"
+    assert blow_up_cause({"initial_loss": float("nan")}, 10.0) == "at initialization"
+    assert blow_up_cause({"initial_loss": 9.0}, 10.0) == "during training"
+    assert blow_up_cause({}, 10.0) == "unknown"
+
+
+def test_rule_books_are_fixed():
+    # A version never changes once a report used it: these are its numbers.
+    v1, v2 = RULEBOOKS[1], RULEBOOKS[2]
+    assert (v1.interval, v1.better_test, v1.bleu_bar, v1.collapse_margin) == ("bootstrap", "bootstrap_ci", None, None)
+    assert (v2.interval, v2.better_test, v2.bleu_bar, v2.collapse_margin) == ("t", "paired_t_holm", 10.0, 0.5)
+    assert (v2.alpha, v2.level, v2.power, v2.bootstrap_min_n) == (0.05, 0.95, 0.80, 10)
+    with pytest.raises(ValueError, match="no rule book version 9"):
+        rulebook(9)
+
+
+# --------------------------------------------------------------------------- verdicts under v2
+
+A, B, C = {"method": "admin"}, {"method": "preln"}, {"method": "tfixup"}
+
+
+def _recs(arm, values, seeds=None, status="ok"):
+    seeds = seeds or list(range(1, len(values) + 1))
+    return [Record(arm=dict(arm), seed=s, status=status, metrics={"bleu": v}) for s, v in zip(seeds, values)]
+
+
+def _better(cid, a, b, **kw):
+    return Claim(id=cid, text=cid, kind="better", a=a, b=b, **kw)
+
+
+def test_better_is_a_one_sided_paired_t_test():
+    a, b = [30.0, 31.0, 32.0], [29.0, 30.0, 31.2]
+    v = judge(_better("c", A, B), _recs(A, a) + _recs(B, b))
+    p = stats.ttest_rel(a, b, alternative="greater").pvalue
+    assert v.details["p"] == pytest.approx(p) and p < 0.05
+    assert v.verdict == "reproduced"
+    assert "seed 1 +1.00, seed 2 +1.00, seed 3 +0.80" in v.measured  # every pair listed
+    assert "95% paired t" in v.measured
+
+
+def test_every_seed_favouring_a_is_not_enough_under_v2():
+    # Differences +0.06, +0.21, +0.50: all favour A, so v1 (bootstrap = range) reproduces it, but
+    # the t-test's p = 0.08 does not.
+    a, b = [29.56, 29.88, 30.17], [29.50, 29.67, 29.67]
+    records = _recs(A, a) + _recs(B, b)
+    assert stats.ttest_rel(a, b, alternative="greater").pvalue > 0.05
+    assert judge(_better("c", A, B), records, 1).verdict == "reproduced"
+    assert judge(_better("c", A, B), records).verdict == "inconclusive"
+
+
+def test_holm_corrects_a_tables_comparisons_against_one_baseline():
+    base = [29.0, 30.0, 31.0, 30.0]
+    a = [29.8, 30.2, 31.5, 30.1]  # one-sided p = 0.043
+    c = [29.25, 30.25, 31.25, 30.75]  # p = 0.029 (differences 0.25, 0.25, 0.25, 0.75)
+    records = _recs(A, a) + _recs(B, base) + _recs(C, c)
+    p_a = stats.ttest_rel(a, base, alternative="greater").pvalue
+    p_c = stats.ttest_rel(c, base, alternative="greater").pvalue
+    assert p_a < 0.05 and p_c < 0.05 and max(p_a, p_c) < 0.05 < 2 * min(p_a, p_c)
+    alone = [judge(_better(x, s, B), records) for x, s in (("a", A), ("c", C))]
+    together = judge_all([_better("a", A, B), _better("c", C, B)], records)
+    assert [v.verdict for v in alone] == ["reproduced", "reproduced"]
+    expected = holm([p_a, p_c])
+    assert [v.details["p_holm"] for v in together] == pytest.approx(expected)
+    assert [v.verdict for v in together] == ["reproduced" if q < 0.05 else "inconclusive" for q in expected]
+    assert "Holm over 2" in together[0].measured
+    # a different baseline is another family
+    other = judge_all([_better("a", A, B), _better("b", B, C)], records)
+    assert "family_size" in other[0].details and other[0].details["family_size"] == 1
+
+
+def test_underpowered_when_the_papers_effect_is_below_the_detectable_one():
+    a, b = [29.56, 29.88, 29.19], [29.50, 29.67, 29.67]
+    claim = _better("c", A, B, paper_effect=0.32)
+    v = judge(claim, _recs(A, a) + _recs(B, b))
+    sd = statistics.stdev([x - y for x, y in zip(a, b)])
+    assert v.details["mde"] == pytest.approx(min_detectable_effect(sd, 3))
+    assert v.details["mde"] > 0.32 and v.verdict == "underpowered"
+    assert v.details["pairs_needed"] == pairs_needed(sd, 0.32)
+    # without a paper effect the same numbers are inconclusive
+    assert judge(_better("c", A, B), _recs(A, a) + _recs(B, b)).verdict == "inconclusive"
+
+
+def test_not_reproduced_when_a_is_significantly_worse():
+    v = judge(_better("c", A, B, paper_effect=0.3), _recs(A, [28.0, 29.0, 30.1]) + _recs(B, [29.0, 30.0, 31.0]))
+    assert v.details["ci_high"] < 0 and v.verdict == "not reproduced"
+
+
+def test_collapsed_and_below_bar_cells_count_as_not_trained():
+    claim = claim_from_dict({"id": "t", "text": "t", "kind": "trains", "a": A})
+    records = _recs(A, [30.0]) + [Record(dict(A), 2, "collapsed", {}), Record(dict(A), 3, "below_bar", {"bleu": 2.0})]
+    v = judge(claim, records)
+    assert v.verdict == "inconclusive" and (v.details["collapsed"], v.details["below_bar"]) == (1, 1)
+    assert "1 collapsed" in v.measured and "1 below 10 BLEU" in v.measured
+
+
+def test_paper_effect_is_checked():
+    with pytest.raises(ValueError, match="paper_effect"):
+        claim_from_dict({"id": "x", "text": "t", "kind": "trains", "a": A, "paper_effect": 0.3})
+    with pytest.raises(ValueError, match="positive"):
+        claim_from_dict({"id": "x", "text": "t", "kind": "better", "a": A, "b": B, "paper_effect": -1})
+
+
+def test_same_best_needs_every_seed_to_agree():
+    claim = Claim(id="s", text="s", kind="same_best", a={}, over="lr", across="layers", metric="loss",
+                  higher_is_better=False)
+
+    def cell(layers, lr, seed, loss):
+        return Record({"layers": layers, "lr": lr}, seed, "ok", {"loss": loss})
+
+    # the mean's best is lr 2 at both depths; seed 2 alone prefers lr 3 at 12 layers
+    losses = {("6", "1"): (3.0, 3.0), ("6", "2"): (2.0, 2.0), ("6", "3"): (2.5, 2.5),
+              ("12", "1"): (3.0, 3.0), ("12", "2"): (1.8, 2.3), ("12", "3"): (2.6, 2.2)}
+    records = [cell(L, lr, s + 1, v[s]) for (L, lr), v in losses.items() for s in range(2)]
+    assert judge(claim, records, 1).verdict == "reproduced"
+    v = judge(claim, records)
+    assert v.verdict == "inconclusive" and v.details["seeds_agreeing"] == 1
+    assert "1 of 2 seeds agree" in v.measured
