@@ -154,8 +154,13 @@ def test_sacrebleu_on_cased_references_stays_case_mixed():
 
 
 def test_a_records_signature_is_case_lc_when_its_corpus_is_lowercased():
-    from runner.decode.signature import (data_settings, references_lowercased, sacrebleu_signature,
-                                         signature_note, true_signature)
+    from runner.decode.signature import (
+        data_settings,
+        references_lowercased,
+        sacrebleu_signature,
+        signature_note,
+        true_signature,
+    )
 
     old = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
     lc = "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"
