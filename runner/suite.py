@@ -25,6 +25,7 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from runner.console import console, format_duration
+from runner.decode.signature import signature_note
 from runner.evidence import (
     METRIC_KINDS,
     Record,
@@ -464,6 +465,7 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
     done = [c.record for c in cells if c.record is not None]
     gpu = tier == "gpu"
     last = has_bleu_last(cells)
+    signature = signature_note(done)  # the sacreBLEU column's true signature
     header = ["arm", *arm_columns(last), "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
     lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
              f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
@@ -473,6 +475,7 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              provenance(done), "",
              markdown_table(header, arm_rows(cells, gpu, last)), "",
              SLOPE_NOTE, "",
+             *([signature, ""] if signature else []),
              *([BLEU_LAST_NOTE, ""] if last else []),
              *(["s/update: training seconds per update; peak MiB: the CUDA allocator's peak of "
                 "the cell's process (means over the arm's trained seeds, whatever their status).",
@@ -583,7 +586,8 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
         rows.sort(key=lambda row: row[0])  # stable: arms without a record keep their order, last
         lines += [f"## {heading}", "", markdown_table(header, [row for _, row in rows]), "", *notes,
                   *([""] if notes else [])]
-    lines += [SLOPE_NOTE, "", *([BLEU_LAST_NOTE, ""] if last else [])]
+    signature = signature_note(done)  # the sacreBLEU column's true signature
+    lines += [SLOPE_NOTE, "", *([signature, ""] if signature else []), *([BLEU_LAST_NOTE, ""] if last else [])]
     return "\n".join(lines)
 
 
