@@ -203,3 +203,15 @@ def test_the_committed_records_signatures_read_case_lc():
                 assert "|case:lc|" in sacrebleu_signature(record), path
                 signed += 1
     assert signed > 100
+
+
+def test_a_report_gives_its_sacrebleu_columns_true_signature():
+    """The table2 report rendered from the committed records says case:lc under its table, not
+    the case:mixed its records.jsonl holds."""
+    from runner import reproduce, suite
+
+    target = reproduce.TARGETS["table2"]
+    real = reproduce.real_suite(target)
+    page = suite.render("table2", target.title, real.part.preset, real.cells)
+    line, = [line for line in page.splitlines() if line.startswith("sacreBLEU: ")]
+    assert "lowercased references" in line and "|case:lc|" in line and "case:mixed" not in page
