@@ -598,6 +598,12 @@ TARGETS: dict[str, Target] = {
     "mup-transfer": Target(
         "mup-transfer", "Depth-muP: does the best learning rate transfer from 6 to 12 layers?",
         {"real": (Part("reproduce_mup_transfer_real"),)}, None),
+    "table2-converged": Target(
+        "table2-converged", "Admin paper, Table 2 at 12+12, trained until the validation curve is flat",
+        {"real": (Part("reproduce_table2_converged_real"),)}, None),
+    "width": Target(
+        "width", "Post-LN vs Pre-LN without warmup by width: does the stall become a blow-up?",
+        {"real": (Part("reproduce_width_real"),)}, None),
 }
 
 
@@ -925,10 +931,11 @@ def run_real(target: Target, args, tier: str = "real") -> int:
 
 # `deepinit reproduce all --scale real`: every real-tier suite through one pool of cells, in this
 # order: Table 2 first, then the T-Fixup depth scan and the tables of the methods since 2019
-# without warmup, then the other papers' tables, the grid, and the with-warmup and transfer rows.
+# without warmup, then the other papers' tables, the grid, the with-warmup and transfer rows,
+# and last the width scan and Table 2 trained flat (the longest cells).
 REAL_SUITE_ORDER = ("table2", "tfixup-depth", "schemes-norms", "schemes-scaling", "lipschitz",
                     "schemes-postln", "sgd-control", "schemes-other", "grid", "schemes-norms-warmup",
-                    "schemes-scaling-warmup", "mup-transfer")
+                    "schemes-scaling-warmup", "mup-transfer", "width", "table2-converged")
 
 
 def run_all_real(args) -> int:

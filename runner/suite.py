@@ -85,7 +85,8 @@ def plan(preset: str, extra: Sequence[str] = ()) -> list[SuiteCell]:
     cells = [{respelled(k): v for k, v in axes.items()} for axes in cells]
     fixed = [f"{respelled(k)}={v}" for k, _, v in (o.partition("=") for o in fixed)]
     pinned = {norm_key(k): v for k, _, v in (o.partition("=") for o in fixed) if not k.startswith("~")}
-    exclude = [{k: str(v) for k, v in sel.items()}
+    # each a selector as in a claim: a list value matches any of its values
+    exclude = [{k: tuple(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v) for k, v in sel.items()}
                for sel in (spec.get("sweep") or {}).get("exclude") or []]
     out = []
     for axes in cells:
@@ -93,7 +94,7 @@ def plan(preset: str, extra: Sequence[str] = ()) -> list[SuiteCell]:
         swept = {norm_key(k): v for k, v in axes.items()}
         clean = {k: swept.get(k, pinned.get(k)) for k in preset_axes if k in swept or k in pinned}
         clean.update((k, v) for k, v in swept.items() if k not in clean)  # axes the command line added
-        if any(all(clean.get(k) == v for k, v in sel.items()) for sel in exclude):
+        if any(selector_matches(clean, sel) for sel in exclude):
             continue
         seed = int(clean.pop(SEED_AXIS, pinned.get(SEED_AXIS, 1)))
         out.append(SuiteCell(overrides, sorted(canonical(overrides)), clean, seed))
@@ -437,6 +438,9 @@ def verdicts(preset: str, cells: Sequence[SuiteCell], version: int = CURRENT) ->
     for claim, verdict in zip(claims, judged):
         selected = [c for c in cells  # an empty selector {} picks every cell
                     if any(selector_matches(c.arm, sel) for sel in (claim.a, claim.b) if sel is not None)]
+        if claim.b is not None:  # two arms: a planned seed the other arm does not plan pairs with nothing
+            seeds = [{c.seed for c in cells if selector_matches(c.arm, sel)} for sel in (claim.a, claim.b)]
+            selected = [c for c in selected if c.seed in seeds[0] & seeds[1]]
         done = sum(_has_evidence(c, claim) for c in selected)
         if done < len(selected):
             what = "trained and measured on their last checkpoint" if _reads_bleu_last(claim) else "trained"
