@@ -222,16 +222,19 @@ def t_mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, floa
     return mean - half, mean + half
 
 
-def paired_t_test(diffs: Sequence[float]) -> float:
-    """One-sided p-value of a paired t-test that the mean of `diffs` (A - B per seed, signed so that
-    positive means A better) is greater than 0 (scipy.stats.ttest_1samp, alternative "greater").
-    All-equal differences have no spread: p is 0 when they are positive, 1 otherwise."""
+def paired_t_test(diffs: Sequence[float], alternative: str = "greater") -> float:
+    """p-value of a paired t-test on `diffs` (A - B per seed, signed so that positive means A
+    better): one-sided that their mean is greater than 0 by default, or "two-sided"
+    (scipy.stats.ttest_1samp). All-equal differences have no spread: p is 0 when they are nonzero
+    in the tested direction, 1 otherwise."""
     x = _as_finite_array(diffs)
     if x.size < 2:
         raise ValueError(f"a paired t-test needs at least 2 pairs, got {x.size}")
+    if alternative not in ("greater", "two-sided"):
+        raise ValueError(f"alternative must be 'greater' or 'two-sided', got {alternative!r}")
     if np.all(x == x[0]):
-        return 0.0 if x[0] > 0 else 1.0
-    return float(stats.ttest_1samp(x, 0.0, alternative="greater").pvalue)
+        return 0.0 if (x[0] > 0 or (alternative == "two-sided" and x[0] != 0)) else 1.0
+    return float(stats.ttest_1samp(x, 0.0, alternative=alternative).pvalue)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -95,11 +95,30 @@ def test_rows_sort_by_failed_share_then_mean_bleu_with_untrained_arms_last():
     # b and a trained every seed they have; e (best BLEU, one seed stalled) comes after them
     assert [r.split(" | ")[0] for r in rows] == ["| method=b", "| method=a", "| method=e", "| method=c", "| method=d"]
     assert rows[0].split(" | ")[1:3] == ["s2", "1/2"]  # partial arms say so
-    assert rows[1].startswith("| method=a | s1 | 2/2 | 0 | 0 | 11.00 ± 1.41")  # the section's axis is dropped
-    assert rows[2].split(" | ")[2:6] == ["2/2", "0", "1", "40.00 (n=1)"]
+    # the section's axis is dropped; diverged, collapsed, stalled, below the BLEU bar
+    assert rows[1].startswith("| method=a | s1 | 2/2 | 0 | 0 | 0 | 0 | 11.00 ± 1.41")
+    assert rows[2].split(" | ")[2:8] == ["2/2", "0", "0", "1", "0", "40.00 (n=1)"]
     assert rows[3].split(" | ")[2:4] == ["2/2", "2"]  # two diverged seeds
     assert "- method=b (s2): uses SGD" in page and "- method=a (s1)" not in page
     assert "7 of 9 cells trained" in page
+
+
+def test_each_row_is_compared_with_the_baseline_paired_by_seed_with_holm():
+    from scipy import stats
+
+    base = [_cell({"method": "pre_ln"}, s, _ok(b)) for s, b in ((1, 30.0), (2, 31.0), (3, 32.5))]
+    up = [_cell({"method": "x"}, s, _ok(b)) for s, b in ((1, 31.0), (2, 31.6), (3, 33.9))]
+    down = [_cell({"method": "y"}, s, _ok(b)) for s, b in ((1, 29.0), (2, 30.5), (3, 31.0))]
+    part = suite.TableRows("t2", base + up + down)
+    page = suite.render_combined("T", "intro", [("S", [part])], baseline=("t2", {"method": "pre_ln"}))
+    rows = {line.split(" | ")[0]: line for line in page.splitlines() if line.startswith("| method=")}
+    assert rows["| method=pre_ln"].rstrip(" |").endswith("baseline")
+    p_up = stats.ttest_rel([31.0, 31.6, 33.9], [30.0, 31.0, 32.5]).pvalue
+    p_down = stats.ttest_rel([29.0, 30.5, 31.0], [30.0, 31.0, 32.5]).pvalue
+    holm_up = max(min(1, 2 * min(p_up, p_down)), p_up) if p_up > p_down else min(1, 2 * p_up)
+    lo, hi = stats.t.interval(0.95, 2, loc=1.0, scale=stats.sem([1.0, 0.6, 1.4]))
+    assert f"+1.00 [{lo:+.2f}, {hi:+.2f}] p={p_up:.2g}, Holm {holm_up:.2g}" in rows["| method=x"]
+    assert "vs method=pre_ln: the row's BLEU (tok) minus the baseline's" in page
 
 
 def test_the_command_writes_the_table_from_records_and_trains_nothing(tmp_path):
@@ -116,7 +135,7 @@ def test_the_command_writes_the_table_from_records_and_trains_nothing(tmp_path):
     r = run_cli(["reproduce", "all-schemes"], tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     page = page_path.read_text()
-    assert "| method=b2t | schemes-norms | 1/3 | 0 | 0 | 33.30 (n=1)" in page
+    assert "| method=b2t | schemes-norms | 1/3 | 0 | 0 | 0 | 0 | 33.30 (n=1)" in page
     assert not (tmp_path / "schemes-norms" / "real" / "report.md").exists()  # no suite ran
     bad = run_cli(["reproduce", "all-schemes", "--scale", "cpu"], tmp_path, env=env)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "all-schemes" in bad.stderr
