@@ -40,7 +40,7 @@ from runner.evidence import (
     summarize,
 )
 from runner.records import Records, cell_key, record_from_run, results_root
-from runner.rulebook import CURRENT, NOT_TRAINED, describe, outcome, rulebook
+from runner.rulebook import CURRENT, NOT_TRAINED, blow_up_cause, describe, outcome, rulebook
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
 from runner.sweep.report import markdown_table
@@ -467,6 +467,45 @@ def provenance(records: Sequence[dict]) -> str:
     return line
 
 
+def blow_up_note(cells: Sequence[SuiteCell]) -> str:
+    """When the diverged cells blew up: at initialization (the loss at update 0 already above the
+    divergence bound), during training, or unknown (a record from before the loss at update 0 was
+    recorded); "" when no cell diverged."""
+    diverged = [c for c in cells if c.record is not None and c.record["status"] == "diverged"]
+    if not diverged:
+        return ""
+    causes = [blow_up_cause(c.record, load_preset_value(c, "trainer.divergence.loss_bound")) for c in diverged]
+    counts = ", ".join(f"{causes.count(k)} {k}" for k in ("at initialization", "during training", "unknown")
+                       if causes.count(k))
+    return (f"Diverged cells by when they blew up (the loss at update 0 against the divergence bound): {counts}"
+            + ("; unknown: a record without the loss at update 0 (trained before it was recorded)."
+               if "unknown" in causes else "."))
+
+
+def load_preset_value(cell: SuiteCell, dotted: str) -> Optional[float]:
+    """A number the cell's preset sets (None when it does not)."""
+    preset = next((o.split("=", 1)[1] for o in cell.overrides if o.startswith("+sweep=")), None)
+    node: object = load_preset(preset) if preset else {}
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return float(node) if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+
+
+def stop_note(cells: Sequence[SuiteCell]) -> str:
+    """Where the stopping rule ended the runs of a suite that sets one ("" when no record has it)."""
+    ran = [c.record for c in cells if c.record is not None and c.record.get("stopped_early") is not None]
+    if not ran or not any(r.get("early_stop") or r.get("stopped_early") for r in ran):
+        return ""
+    stopped = sorted(r["stop_update"] for r in ran if r.get("stopped_early"))
+    capped = len(ran) - len(stopped)
+    text = f"Stopping rule: {len(stopped)} of {len(ran)} cells stopped on a flat curve"
+    if stopped:
+        text += f" (at update {stopped[0]:,} to {stopped[-1]:,})"
+    if capped:
+        text += f"; {capped} reached the cap still improving, so their scores are at a budget, not at convergence"
+    return text + "."
+
+
 def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
     done = [c.record for c in cells if c.record is not None]
     gpu = tier == "gpu"
@@ -480,6 +519,8 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
                                      " This suite scores validation loss only, so no BLEU bar applies."), "",
              provenance(done), "",
              markdown_table(header, arm_rows(cells, gpu, last)), "",
+             *([blow_up_note(cells), ""] if blow_up_note(cells) else []),
+             *([stop_note(cells), ""] if stop_note(cells) else []),
              SLOPE_NOTE, "",
              *([signature, ""] if signature else []),
              *([BLEU_LAST_NOTE, ""] if last else []),
