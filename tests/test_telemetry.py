@@ -158,3 +158,19 @@ def test_telemetry_off_writes_none(tmp_path):
     result = train(compose(TINY), tmp_path)
     assert "first_nonfinite" not in result
     assert all(r["split"] != "telemetry" for r in read_metrics(tmp_path))
+
+
+def test_telemetry_leaves_training_unchanged_sigma_reparam_included(tmp_path):
+    """Watching a run must not change it: with telemetry every update, the final parameters and
+    buffers (sigma-reparam's power-iteration vector u among them) equal those of the same run
+    without telemetry, bit for bit."""
+    overrides = [*TINY, "model.sigma_reparam=true", "trainer.max_updates=6", "trainer.save_interval=0",
+                 "trainer.valid_interval=0"]
+    train(compose(overrides), tmp_path / "off")
+    train(compose([*overrides, "trainer.telemetry_interval=1"]), tmp_path / "on")
+    off = torch.load(tmp_path / "off" / "checkpoint_last.pt", weights_only=True)["model"]
+    on = torch.load(tmp_path / "on" / "checkpoint_last.pt", weights_only=True)["model"]
+    assert any(k.endswith(".u") for k in off)  # the buffers the attention hook used to advance
+    assert off.keys() == on.keys()
+    changed = [k for k in off if not torch.equal(off[k], on[k])]
+    assert changed == []

@@ -121,7 +121,12 @@ class Telemetry(Callback):
                 return
             with torch.no_grad():
                 kwargs = {k: v for k, v in kwargs.items() if k != "cache"}
+                # Recomputing q and k must not advance state the training owns (sigma-reparam's
+                # power-iteration vector u moves on every train-mode call): keep the buffers.
+                saved = [(b, b.clone()) for b in module.buffers()]
                 logits, allowed = module.observed_logits(args[0], **kwargs)
+                for buffer, value in saved:
+                    buffer.copy_(value)
                 ent, count, max_logit = attention_stats(logits, allowed, self.keep[side])
             self.entropy_sum[i] += ent
             self.count[i] += count
