@@ -2,11 +2,16 @@
 (training, decoding) and the end summary."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import sys
 import textwrap
+import time
 from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 from rich.console import Console, ConsoleOptions, RenderResult
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -30,8 +35,8 @@ _live: list[Progress] = []  # the bars being shown, innermost last (track() nest
 
 
 class _Field(ProgressColumn):
-    """A task field shown through a template; blank for tasks without it (a decoding row
-    inside the training bar has no loss)."""
+    """A task field shown through a template (rich markup, e.g. "loss [cyan]{}[/]"); blank for
+    tasks without it (a decoding row inside the training bar has no loss)."""
 
     def __init__(self, template: str, name: str):
         super().__init__()
@@ -39,7 +44,7 @@ class _Field(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         value = task.fields.get(self.name)
-        return Text("" if value is None else self.template.format(value))
+        return Text("") if value is None else Text.from_markup(self.template.format(escape(str(value))))
 
 
 class _Progress(Progress):
@@ -61,9 +66,42 @@ def progress_bar(enabled: bool | None, transient: bool = False) -> Progress:
     disable = not console.is_terminal if enabled is None else not enabled
     return _Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        _Field("loss [cyan]{}", "loss"), _Field("lr {}", "lr"), _Field("{} tok/s", "tps"),
+        _Field("loss [cyan]{}[/]", "loss"), _Field("lr {}", "lr"), _Field("{} tok/s", "tps"),
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
         disable=disable, transient=transient)
+
+
+_plain: list[Callable[[str], None]] = []  # where `track` writes lines instead of a bar
+
+
+@contextlib.contextmanager
+def progress_lines(emit: Optional[Callable[[str], None]] = None) -> Iterator[None]:
+    """Inside this block, a `track` that draws no bar (the console is not a terminal: a pipe,
+    a log file, a batch job) writes a line instead each time a tenth of its total is done (at
+    most every 500 items), with the rate and the time left. emit: where the lines go (default:
+    stderr)."""
+    _plain.append(emit or (lambda line: print(line, file=sys.stderr, flush=True)))
+    try:
+        yield
+    finally:
+        _plain.pop()
+
+
+def _progress_lines(items: Iterable[T], description: str, total: Optional[float],
+                    advance: Callable[[T], float], emit: Callable[[str], None]) -> Iterator[T]:
+    every = min(500.0, max(1.0, math.ceil(total / 10))) if total else 500.0
+    done, shown, started = 0.0, 0.0, time.monotonic()
+    for item in items:
+        yield item
+        done += advance(item)
+        if done - shown >= every or (total and done >= total):
+            shown = done
+            seconds = time.monotonic() - started
+            rate = done / seconds if seconds > 0 else 0.0
+            left = (f", {format_duration((total - done) / rate)} left"
+                    if total and done < total and rate > 0 else "")
+            of = f"/{total:,.0f}" if total else ""
+            emit(f"{description}: {done:,.0f}{of} done, {rate:,.1f}/s{left}")
 
 
 def track(items: Iterable[T], description: str, total: Optional[float] = None,
@@ -71,9 +109,13 @@ def track(items: Iterable[T], description: str, total: Optional[float] = None,
     """Iterate `items` with a progress row (e.g. decoding: advance=len over batches of
     sentences). Inside a shown bar (training) the row is added to it and removed when done;
     otherwise a bar of its own that disappears when done. Off when the console is not a
-    terminal, unless enabled=True."""
+    terminal, unless enabled=True; then (enabled=None), inside `progress_lines`, a line every
+    tenth."""
     if total is None and isinstance(items, Sequence):
         total = len(items)
+    if _plain and not _live and enabled is None and not console.is_terminal:
+        yield from _progress_lines(items, description, total, advance, _plain[-1])
+        return
     if _live:
         progress = _live[-1]
         task = progress.add_task(description, total=total)
@@ -119,14 +161,17 @@ def fmt(value, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def summary_table(result: dict, run_dir: str) -> Table:
-    status = result["status"]
-    colour = {"ok": "green", "diverged": "red", "failed": "red"}.get(status, "yellow")
+def summary_table(result: dict, status: Optional[str] = None) -> Table:
+    """The end-of-run summary. `status` is the run's status as every report words it (a run
+    that finished but learned nothing is "stalled"); result["status"] when not given. The run
+    folder is not in the table: `print_summary` prints it on a line of its own, whole."""
+    status = status or result["status"]
+    colour = {"ok": "green", "diverged": "red", "failed": "red", "stalled": "magenta"}.get(status, "yellow")
     table = Table(title="deepinit run summary", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     rows = [
-        ("status", f"[{colour}]{status}[/]" + (f" ({result['reason']})" if result.get("reason") else "")),
+        ("status", f"[{colour}]{status}[/]" + (f" ({escape(str(result['reason']))})" if result.get("reason") else "")),
         ("updates / epochs", f"{result['updates']} / {result.get('epochs', '-')}"),
         ("train loss", fmt(result.get("train_loss"))),
         ("valid loss (best)", f"{fmt(result.get('valid_loss'))} ({fmt(result.get('best_valid_loss'))})"),
@@ -134,13 +179,22 @@ def summary_table(result: dict, run_dir: str) -> Table:
         ("throughput", f"{fmt(result.get('tokens_per_s'), ',.0f')} target tokens/s"),
         ("wall time", f"{fmt(result.get('wall_s'), '.1f')} s"),
         ("parameters", f"{result.get('parameters', 0):,}"),
-        ("run folder", run_dir),
     ]
     if result.get("bleu") is not None:
         rows.insert(5, ("BLEU", fmt(result["bleu"], ".2f")))
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def print_summary(result: dict, run_dir: str, status: Optional[str] = None,
+                  notes: Sequence[str] = ()) -> None:
+    """The summary table, then the run folder on a line of its own, never cut or wrapped (so
+    that it can be copied from a terminal or a log), then any notes (one line each)."""
+    console.print(summary_table(result, status))
+    console.print(f"run folder: {run_dir}", soft_wrap=True, markup=False, highlight=False)
+    for note in notes:
+        console.print(note, soft_wrap=True, markup=False, highlight=False)
 
 
 def format_duration(seconds: float) -> str:

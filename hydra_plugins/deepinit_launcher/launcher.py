@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import time
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
@@ -40,6 +41,7 @@ from hydra_plugins.deepinit_launcher import config as _config  # noqa: F401 (reg
 from hydra_plugins.deepinit_launcher.processes import cmdline, stop_tree
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from runner.config import ConfigError
 from runner.console import progress_bar
 from runner.run import folder
 from runner.sweep import cells
@@ -131,8 +133,21 @@ class _CellsMixin:
         return _completed(overrides, error)
 
 
+# The first line of every local cell's setup: submitit's controller (and the `sh -c` around it)
+# ignore SIGINT. A Ctrl-C in a terminal reaches every process of the sweep; the controllers would
+# each print a KeyboardInterrupt traceback and kill their cell a second later, before it could
+# save. The driver stops the cells itself (`_stop`), and each cell takes SIGINT back (`__call__`).
+_IGNORE_SIGINT = "trap '' INT"
+
+
 class LocalSweepLauncher(_CellsMixin, BaseSubmititLauncher):
     _EXECUTOR = "local"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        """A cell, in its own process: SIGINT stops it again (its controller ignores it)."""
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        return super().__call__(*args, **kwargs)
 
     def _slots(self) -> list:
         gpus = self.params.get("gpus")
@@ -180,7 +195,8 @@ class LocalSweepLauncher(_CellsMixin, BaseSubmititLauncher):
                     # controller; the setup line runs after that and wins.
                     executor.update_parameters(
                         **base, gpus_per_node=len(slot),
-                        setup=[f"export CUDA_VISIBLE_DEVICES={shlex.quote(devices)}"] + user_setup)
+                        setup=[_IGNORE_SIGINT, f"export CUDA_VISIBLE_DEVICES={shlex.quote(devices)}"]
+                        + user_setup)
                     lst = " ".join(filter_overrides(job_overrides[i]))
                     log.info(f"\t#{idx} : {lst}  [CUDA_VISIBLE_DEVICES={devices!r}]")
                     job = executor.submit(self, list(job_overrides[i]), "hydra.sweep.dir", idx,
@@ -260,6 +276,10 @@ class SlurmSweepLauncher(_CellsMixin, BaseSubmititLauncher):
             log.info("nothing to submit")
             return [r for r in results if r is not None]
 
+        if submitit.SlurmExecutor.affinity() <= 0:  # submitit's own test: `srun` on PATH
+            raise ConfigError("hydra/launcher=slurm needs SLURM, and this machine has no `srun` on "
+                              "PATH: run the sweep on a SLURM login node, or here with "
+                              "hydra/launcher=local")
         # executor and parameters as hydra-submitit-launcher's BaseSubmititLauncher.launch builds them
         executor = submitit.AutoExecutor(cluster="slurm", folder=params.pop("submitit_folder"),
                                          slurm_max_num_timeout=params.pop("max_num_timeout", 0))

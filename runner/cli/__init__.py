@@ -16,11 +16,14 @@ Verb modules are imported when their verb runs, so `deepinit eval` does not pay 
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import select
 import signal
 import sys
+import tempfile
+import traceback
 
 VERBS = {
     "train": "runner.cli.train",
@@ -53,9 +56,48 @@ def _stdout_reader_gone() -> bool:
         return False
 
 
+# Words people type for a verb that is spelled otherwise here (or that is a verb's sub-command).
+ALIASES = {"evaluate": ["eval"], "test": ["eval"], "score": ["eval"],
+           "status": ["sweep status", "reproduce status"], "download": ["data download"],
+           "prepare": ["data prepare"], "benchmark": ["bench"], "analyse": ["analyze"],
+           "fit": ["train"], "run": ["train"], "help": ["--help"]}
+
+
+def unknown_verb(word: str) -> str | None:
+    """The error line for a first argument that is neither a verb nor an override (key=value,
+    +key=value, ~key) nor a flag; None when it is one of those."""
+    if word in VERBS or word.startswith(("-", "+", "~")) or "=" in word:
+        return None
+    near = ALIASES[word] if word in ALIASES else difflib.get_close_matches(word, list(VERBS), n=2)
+    hint = f" (did you mean {' or '.join(f'`deepinit {n}`' for n in near)}?)" if near else ""
+    return (f"deepinit: error: unknown command '{word}'{hint}; commands: {', '.join(VERBS)}; "
+            "a run's settings are key=value overrides (deepinit --help)")
+
+
+def _report_bug(exc: BaseException) -> int:
+    """An error that is not the user's to fix: one line on stderr naming a file with the
+    traceback (the run folder's error.txt when a run crashed; here, a temporary file), exit 1."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        fd, path = tempfile.mkstemp(prefix="deepinit-traceback-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"deepinit {' '.join(sys.argv[1:])}\n\n{text}")
+        where = f"traceback in {path}"
+    except OSError:  # nowhere to write it: the traceback it is, then
+        sys.stderr.write(text)
+        where = "traceback above"
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    sys.stderr.write(f"deepinit: internal error: {type(exc).__name__}: {first} ({where}; "
+                     "please report it)\n")
+    return 1
+
+
 def main(argv: list[str] | None = None) -> None:
     _take_back_sigint()
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and (line := unknown_verb(args[0])):
+        sys.stderr.write(line + "\n")
+        raise SystemExit(2)
     verb = args[0] if args and args[0] in VERBS else "train"
     if args and args[0] == verb:
         args = args[1:]
@@ -75,6 +117,10 @@ def main(argv: list[str] | None = None) -> None:
         # as a KeyboardInterrupt that carries its number (runner.sweep.cells.Interrupted).
         sys.stderr.write("deepinit: interrupted\n")
         code = 128 + getattr(exc, "signum", signal.SIGINT)
+    except Exception as exc:  # a bug (every user error is reported by its verb, exit 2)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("DEEPINIT_TRACEBACK") == "1":
+            raise
+        code = _report_bug(exc)
     raise SystemExit(code)
 
 

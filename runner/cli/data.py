@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from runner.data.corpus import CorpusError
@@ -30,8 +31,8 @@ WHERE_HELP = (f"Downloads go to DATA_ROOT/{DOWNLOADS_FOLDER}/NAME, where DATA_RO
 
 
 def _error(err: Console, message: str) -> int:
-    """One line on stderr, exit code 2 (no traceback)."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """One line on stderr, as every deepinit command words its errors; exit code 2 (no traceback)."""
+    err.print(f"deepinit: [bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return 2
 
 

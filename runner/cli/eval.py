@@ -8,8 +8,21 @@ from pathlib import Path
 import torch
 
 from runner.config import ConfigError
+from runner.console import progress_lines
 from runner.data.corpus import CorpusError
 from runner.run.evaluate import EvalError, evaluate_run
+
+
+def fewer_checkpoints(used: list[str], average_last: int, run_dir: str) -> str | None:
+    """The warning when --average-last asked for more checkpoints than the run kept."""
+    if average_last <= 1 or len(used) >= average_last:
+        return None
+    what = ("no numbered checkpoints, so checkpoint_last.pt alone was scored"
+            if used == ["checkpoint_last.pt"] else
+            "only 1 numbered checkpoint, so it was scored alone" if len(used) == 1 else
+            f"only {len(used)} numbered checkpoints, so those {len(used)} were averaged")
+    return (f"deepinit: warning: --average-last {average_last}: {run_dir} has {what} "
+            "(trainer.keep_checkpoints=K keeps the last K when training)")
 
 
 def main(argv: list[str]) -> int:
@@ -43,14 +56,17 @@ def main(argv: list[str]) -> int:
     try:
         if args.max_tokens < 1 or args.batch_size < 1:
             raise EvalError("--max-tokens and --batch-size must be positive")
-        record = evaluate_run(args.run_dir, args.split, args.beam, args.lenpen, args.average_last,
-                              args.max_len_a, args.max_len_b, args.max_tokens, args.batch_size,
-                              args.device, update_result=not args.no_result,
-                              checkpoint=args.checkpoint)
+        with progress_lines():  # on a pipe or in a log: a line every tenth of the sentences
+            record = evaluate_run(args.run_dir, args.split, args.beam, args.lenpen, args.average_last,
+                                  args.max_len_a, args.max_len_b, args.max_tokens, args.batch_size,
+                                  args.device, update_result=not args.no_result,
+                                  checkpoint=args.checkpoint)
     except (EvalError, ConfigError, CorpusError) as err:
         sys.stderr.write(f"deepinit: error: {err}\n")
         return 2
     ckpts = record["checkpoints"]
+    if args.checkpoint is None and (warning := fewer_checkpoints(ckpts, args.average_last, args.run_dir)):
+        sys.stderr.write(warning + "\n")
     used = ckpts[0] if len(ckpts) == 1 else f"average of {len(ckpts)} ({ckpts[0]} .. {ckpts[-1]})"
     print(f"{args.run_dir} {record['split']}: {record['sentences']} sentences, beam {record['beam']}, "
           f"lenpen {record['lenpen']}, {used}, {record['sentences_per_s']:.1f} sentences/s")

@@ -11,6 +11,7 @@ unfinished cells are marked interrupted and the same command resumes them.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -24,9 +25,11 @@ import hydra
 import submitit
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from runner.cli.compose import compose_run, register_schemas
+from runner.cli.compose import compose_run, describe_error, register_schemas
 from runner.config import Config, ConfigError
 from runner.config.paths import config_dir
 from runner.data.corpus import CorpusError
@@ -251,6 +254,28 @@ def sweep_summary(sweep_dir: Optional[Path], started: float, signum: Optional[in
     return code
 
 
+# A file-system error in the driver (creating the run or sweep folder, writing Hydra's files in
+# it) that the user can fix: a folder without write permission, a read-only or full disk.
+_USER_OS_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                   errno.ENAMETOOLONG, errno.ENOTDIR)
+
+
+def user_error(exc: BaseException, multirun: bool) -> Optional[str]:
+    """The one line for an error of the driver (outside a run's own task) that the user can fix:
+    Hydra's composition and override errors, a config or corpus the launcher rejects, an output
+    folder that cannot be written. None for anything else (a bug)."""
+    if isinstance(exc, (HydraException, OmegaConfBaseException)):
+        return describe_error(exc)
+    if isinstance(exc, (ConfigError, CorpusError)):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.errno in _USER_OS_ERRORS:
+        where = exc.filename if exc.filename is not None else "the output folder"
+        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        return (f"cannot write {where}: {exc.strerror or exc} (choose a writable folder with "
+                f"{key}=PATH)")
+    return None
+
+
 def main(args: list[str]) -> int:
     register_schemas()
     sys.argv = [sys.argv[0], *with_output_dirs(args)]
@@ -259,6 +284,11 @@ def main(args: list[str]) -> int:
     sweep_dir = sweep_dir_of(args) if multirun else None
     started = time.time()
     cells.raise_on_sigterm()  # SIGTERM stops a run or a sweep like Ctrl-C does
+    # Hydra prints its errors itself, several lines each (a traceback for some), unless
+    # HYDRA_FULL_ERROR is set: then they reach this function, which words them in one line. A
+    # user who set HYDRA_FULL_ERROR=1 gets Hydra's full traceback, as Hydra documents.
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         # config_path is resolved at call time so editable installs and wheels both work.
         hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")(run_task)()
@@ -275,12 +305,23 @@ def main(args: list[str]) -> int:
         if exit_.code == 1 and not _task_started:
             raise SystemExit(2)
         raise
-    except ValueError as exc:
-        # Hydra's check of its own flags (e.g. `-m ... --cfg job`), raised before composing
-        if _task_started or not str(exc).startswith("Only one of"):
+    except Exception as exc:
+        if full_error == "1":
             raise
-        sys.stderr.write(f"deepinit: {exc} (got: {' '.join(flags)})\n")
+        if isinstance(exc, ValueError) and str(exc).startswith("Only one of"):
+            # Hydra's check of its own flags (e.g. `-m ... --cfg job`), raised before composing
+            sys.stderr.write(f"deepinit: {exc} (got: {' '.join(flags)})\n")
+            return 2
+        line = user_error(exc, multirun)
+        if line is None:
+            raise  # a bug: runner.cli.main writes the traceback to a file and exits 1
+        sys.stderr.write(f"deepinit: error: {line}\n")
         return 2
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
     if not multirun and (note := cfg_print_note(args)):
         print(note)
     return sweep_summary(sweep_dir, started) if multirun else 0

@@ -38,14 +38,21 @@ class CorpusError(ValueError):
 # Reading
 
 
+def readable(path: Path) -> Path:
+    """`path`, or a one-line CorpusError when this user may not read it."""
+    if not os.access(path, os.R_OK):
+        raise CorpusError(f"cannot read {path}: permission denied")
+    return path
+
+
 def resolve_file(path: str | os.PathLike) -> Path:
     """`path`, or `path.gz` when only the compressed copy exists."""
     p = Path(path)
     if p.is_file():
-        return p
+        return readable(p)
     gz = p.with_name(p.name + ".gz")
     if gz.is_file():
-        return gz
+        return readable(gz)
     raise CorpusError(f"missing corpus file: {p} (nor {gz.name})")
 
 
@@ -167,6 +174,9 @@ def existing_corpus_dir(cfg) -> Path:
     """corpus_dir(cfg), or a one-line CorpusError naming the folder looked in and what to do."""
     directory = corpus_dir(cfg)
     if directory.is_dir():
+        if not os.access(directory, os.R_OK | os.X_OK):
+            raise CorpusError(f"cannot read the corpus folder {directory}: permission denied "
+                              "(data.dir)")
         return directory
     if cfg.dir:
         raise CorpusError(f"corpus folder not found: {directory} (data.dir)")
@@ -189,7 +199,7 @@ def split_file(cfg, directory: Path, split: str, lang: str) -> Path:
     for name in names:
         for candidate in (directory / name, directory / (name + ".gz")):
             if candidate.is_file():
-                return candidate
+                return readable(candidate)
             tried.append(candidate.name if candidate.parent == directory else name + "[.gz]")
     msg = f"missing corpus file for split '{split}' ({lang}) in {directory}: tried " + \
           ", ".join(dict.fromkeys(tried))

@@ -184,20 +184,38 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
             for key, value in last.items()}
 
 
-# Overrides that do not change a run's result stay out of folder names (see conf/train.yaml).
+# Overrides that do not change a run's result stay out of folder names.
 _NAME_EXCLUDED = ("hydra.", "hydra/", "trainer.progress=", "trainer.device=", "trainer.threads=",
                   "trainer.resume=", "trainer.tensorboard=", "logger=", "logger.", "logger/")
+# A sweep cell's folder lies in the sweep's folder, which the preset (+sweep=NAME) names already.
+_CELL_EXCLUDED = ("sweep=",)
+NAME_LIMIT = 250  # characters (ASCII, after the replacements below); a file name may have 255 bytes
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.,=+\-@:\[\]]")
 
 
-def folder_name(overrides: list[str], default: str) -> str:
-    """A run/sweep folder named by its overrides, never by a timestamp: the same command finds
-    the same folder again (resume, skip finished cells)."""
-    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(_NAME_EXCLUDED))
-    name = ",".join(o.lstrip("+") for o in kept) or default
-    name = re.sub(r"[^A-Za-z0-9_.,=+\-@:\[\]]", "_", name)
-    if len(name) > 180:  # file names are limited to 255 bytes
-        name = name[:150] + "-" + hashlib.sha1(name.encode()).hexdigest()[:12]
-    return name
+def folder_name(overrides: Sequence[str], default: str, cell: bool = False) -> str:
+    """The folder of a run, a sweep or a sweep cell (cell=True), named by its overrides and never
+    by a timestamp, so that the same command finds the same folder again (resume, skip finished
+    cells). One flat name: `key=value` items, sorted and joined by commas, with every character
+    other than letters, digits and `_.,=+-@:[]` (a `/` in a path, say) replaced by `_`. An item is
+    never cut: when they do not all fit in NAME_LIMIT characters, the longest are left out until
+    the rest fit, and the name ends with `+N_more-HASH`, HASH a digest of the whole list (.hydra/overrides.yaml in
+    the run folder holds every override)."""
+    excluded = _NAME_EXCLUDED + (_CELL_EXCLUDED if cell else ())
+    kept = sorted(str(o) for o in overrides if not str(o).lstrip("+~").startswith(excluded))
+    items = [_UNSAFE.sub("_", o.lstrip("+")) for o in kept]
+    name = ",".join(items) or default
+    if len(name) <= NAME_LIMIT:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+    widest_tail = f"+{len(items)}_more-{digest}"
+    left_out: set[int] = set()
+    for i in sorted(range(len(items)), key=lambda i: -len(items[i])):  # the longest go first
+        if len(",".join([*(x for j, x in enumerate(items) if j not in left_out), widest_tail])) <= NAME_LIMIT:
+            break
+        left_out.add(i)
+    shown = [x for j, x in enumerate(items) if j not in left_out]
+    return ",".join([*shown, f"+{len(left_out)}_more-{digest}"])
 
 
 # ----------------------------------------------------------------------------- JSON files
@@ -235,6 +253,16 @@ def read_result(run_dir: Path) -> Optional[dict]:
 
 def write_result(run_dir: Path, result: dict) -> None:
     write_json(Path(run_dir) / "result.json", result)
+
+
+def run_status(result: Optional[dict]) -> Optional[str]:
+    """A run's status in the words every report uses (the run summary, `deepinit -m`'s table,
+    `deepinit sweep status`, `deepinit report`): result.json's status, except that a run that
+    finished ok but never beat the unigram model (result.json "stalled": true) is "stalled"."""
+    if not result:
+        return None
+    status = result.get("status")
+    return "stalled" if status == "ok" and result.get("stalled") else status
 
 
 def is_finished(run_dir: Path) -> Optional[dict]:

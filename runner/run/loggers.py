@@ -34,7 +34,7 @@ from typing import Any, Iterator, Optional
 from runner.config import Config, ConfigError
 from runner.config.schema import TensorBoardLoggerConfig
 from runner.console import log
-from runner.run.folder import scalars
+from runner.run.folder import read_metrics, scalars, write_result
 
 NAMES = ("tensorboard", "csv", "mlflow", "wandb")
 STATE = "loggers.json"  # the run folder's record of tracker run ids (resume continues them)
@@ -98,14 +98,19 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def make_loggers(cfg: Config, run_dir: Path, resumed_at: Optional[int]) -> list:
+def make_loggers(cfg: Config, run_dir: Path, resumed_at: Optional[int],
+                 only: Optional[list[str]] = None) -> list:
     """The chosen loggers, opened for this run (resumed_at: the update a resumed run restarts
-    from, None for a fresh run)."""
+    from, None for a fresh run); `only`: those of them with these names, added beside the ones
+    that recorded the run already (their state in loggers.json is kept)."""
     check_available(cfg)
     run_dir = Path(run_dir)
     state = read_state(run_dir) if resumed_at is not None else {}
+    kept = read_state(run_dir) if only is not None else {}
     made = []
     for name, options in selected(cfg).items():
+        if only is not None and name not in only:
+            continue
         cls = {"tensorboard": TensorBoardLogger, "csv": CsvLogger, "mlflow": MlflowLogger,
                "wandb": WandbLogger}[name]
         try:
@@ -114,8 +119,54 @@ def make_loggers(cfg: Config, run_dir: Path, resumed_at: Optional[int]) -> list:
             log.warning("logger %s could not start (%s: %s); the run goes on without it",
                         name, type(exc).__name__, exc)
     if any(logger.state() for logger in made):
-        write_state(run_dir, {logger.name: logger.state() for logger in made if logger.state()})
+        write_state(run_dir, {**kept, **{logger.name: logger.state() for logger in made if logger.state()}})
     return made
+
+
+def recorded(run_dir: Path, result: dict) -> list[str]:
+    """The loggers that recorded a finished run: result.json's list, or for a run finished before
+    result.json kept one, those whose files are in the run folder (TensorBoard's events, csv/)
+    or whose run ids are in loggers.json (MLflow, wandb)."""
+    if result.get("loggers") is not None:
+        return list(result["loggers"])
+    run_dir = Path(run_dir)
+    found = list(read_state(run_dir))
+    if any(run_dir.glob("events.out.tfevents.*")):
+        found.append("tensorboard")
+    if (run_dir / "csv").is_dir():
+        found.append("csv")
+    return [name for name in NAMES if name in found]
+
+
+def record_finished(cfg: Config, run_dir: Path, result: dict) -> list[str]:
+    """A finished run is not trained again. Loggers chosen now that did not record it get what it
+    logged: its config, every metrics.jsonl record and its result (a tracker that fails is left
+    out with a warning, as during training). Returns the lines that say so."""
+    new = [name for name in selected(cfg) if name not in recorded(run_dir, result)]
+    if not new:
+        return []
+    try:
+        made = make_loggers(cfg, run_dir, None, only=new)
+    except ConfigError as err:  # its package is missing: say so, the run stays as it was
+        return [f"logger={','.join(new)} did not record this finished run: {err}"]
+    records = read_metrics(run_dir)
+    done = []
+    for logger in made:
+        try:
+            logger.log_params(config_params(cfg))
+            for record in records:
+                logger.log_metrics(record)
+            logger.log_result(result)
+            logger.close(result.get("status", "ok"))
+            done.append(logger.name)
+        except Exception as exc:  # a tracker's failure is not the run's
+            log.warning("logger %s failed while recording the finished run (%s: %s)",
+                        logger.name, type(exc).__name__, exc)
+    if not done:
+        return []
+    write_result(run_dir, {**result, "loggers": [*recorded(run_dir, result), *done]})
+    return [f"this run had finished before: it is not trained again; its {len(records)} metrics "
+            f"records, config and result were written to {', '.join(done)} now"]
 
 
 def read_state(run_dir: Path) -> dict:

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from runner.config import Config, ConfigError, config_from_dict
-from runner.console import Overview, console, file_log, log, overview_text, summary_table
+from runner.console import Overview, console, file_log, log, overview_text, print_summary, progress_lines
 from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import final_scores, split_bleu
@@ -85,7 +85,8 @@ def overview(parts: RunParts, run_dir: Path, env: dict, trackers: list,
              else f"vocab {len(d.src_dict):,} src / {len(d.tgt_dict):,} tgt")
     device = f"{parts.device} ({env.get('device_name') or '?'}), {parts.precision}"
     if parts.device.type == "cpu":
-        device += f", {torch.get_num_threads()} threads"
+        threads = torch.get_num_threads()
+        device += f", {threads} thread{'s' if threads != 1 else ''}"
     if parts.world > 1:
         device += f", {parts.world} processes"
     updates = f"{cfg.trainer.max_updates:,} updates"
@@ -158,8 +159,9 @@ def train(cfg, run_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     previous = folder.is_finished(run_dir)
     if cfg.trainer.resume and previous:
-        log.info("run already finished (%s): %s", previous["status"], run_dir / "result.json")
-        console.print(summary_table(previous, str(run_dir)))
+        status = folder.run_status(previous)
+        log.info("run already finished (%s): %s", status, run_dir / "result.json")
+        print_summary(previous, str(run_dir), status, loggers.record_finished(cfg, run_dir, previous))
         return previous
     if cfg.trainer.devices > 1 and "WORLD_SIZE" not in os.environ:
         return spawn_ddp(cfg, run_dir)
@@ -217,19 +219,38 @@ def train(cfg, run_dir: Path) -> dict:
         telemetry.remove()
     if main and cfg.trainer.final_bleu and result["status"] == "ok":
         try:
-            result.update(final_scores(cfg, run_dir, parts.device))
+            with progress_lines(log.info):  # no bar on a pipe or in a sweep: log lines instead
+                result.update(final_scores(cfg, run_dir, parts.device))
+            averaged = result["eval"][cfg.data.test_split]["averaged"]
+            if cfg.trainer.eval_average_last > 1 and averaged < cfg.trainer.eval_average_last:
+                log.warning("final BLEU averaged %d checkpoint(s), not trainer.eval_average_last=%d: "
+                            "the run keeps %d numbered checkpoint(s) (trainer.keep_checkpoints)",
+                            averaged, cfg.trainer.eval_average_last, cfg.trainer.keep_checkpoints)
         except Exception as exc:  # scoring must not turn a finished run into a failed one
             log.warning("final BLEU failed: %s: %s", type(exc).__name__, exc)
             result["bleu_error"] = f"{type(exc).__name__}: {exc}"
     if main:
+        result["loggers"] = [tracker.name for tracker in metrics.loggers]  # which ones recorded it
         folder.write_result(run_dir, result)
         metrics.log_result(result)
         metrics.close(result["status"])
-        console.print(summary_table(result, str(run_dir)))
+        print_summary(result, str(run_dir), folder.run_status(result), end_notes(parts, run_dir, result))
     if parts.world > 1:
         dist.barrier()
         dist.destroy_process_group()
     return result
+
+
+def end_notes(parts: RunParts, run_dir: Path, result: dict) -> list[str]:
+    """Lines after the end-of-run summary: how to get the BLEU the run did not compute."""
+    cfg = parts.cfg
+    if (result.get("bleu") is None and result["status"] == "ok"
+            and cfg.data.test_split in parts.data.splits):
+        why = ("it failed, see train.log" if result.get("bleu_error") else
+               "trainer.final_bleu=false")
+        return [f"BLEU: not computed ({why}); score the {cfg.data.test_split} split with: "
+                f"deepinit eval {run_dir}"]
+    return []
 
 
 # ----------------------------------------------------------------------------- local DDP

@@ -122,6 +122,7 @@ def mark_interrupted(run_dir: Path, reason: str) -> bool:
     return True
 
 
+
 def folder_status(run_dir: Optional[Path]) -> tuple[str, str, Optional[int]]:
     """(status, reason, updates) from a run folder alone: pending without one, running when it
     has neither result.json nor interrupted.json."""
@@ -130,9 +131,7 @@ def folder_status(run_dir: Optional[Path]) -> tuple[str, str, Optional[int]]:
     run_dir = Path(run_dir)
     result = folder.read_result(run_dir)
     if result:
-        status = result.get("status")
-        if status == "ok" and result.get("stalled"):
-            status = "stalled"
+        status = folder.run_status(result)
         if status not in STATUSES:
             status = "failed"
         return status, str(result.get("reason") or ""), result.get("updates")

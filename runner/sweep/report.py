@@ -139,13 +139,11 @@ def read_cell(run_dir: Path) -> Cell:
         overrides = list(result["overrides"])
     curve, last = _read_metrics(run_dir)
     if result:
-        status = result.get("status")
+        status = folder.run_status(result)
     else:
         status = "interrupted" if (run_dir / INTERRUPTED_FILE).exists() else "running"
     if status not in STATUSES:
         status = "failed"
-    elif status == "ok" and result.get("stalled"):
-        status = "stalled"
     return Cell(path=run_dir, overrides=[o for o in overrides if _is_task_override(o)],
                 status=status, config=config, choices=choices, result=result,
                 valid_curve=sorted(curve), last_step=last)
@@ -394,8 +392,23 @@ def _cells_table(sweep: Sweep) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+METRIC_WORDS = {"best_valid_loss": "best valid loss", "valid_loss": "valid loss",
+                "train_loss": "train loss", "bleu": "BLEU"}
+
+
+def _best_of(metric: str) -> str:
+    """"lowest best valid loss", "highest BLEU": the isolation table's value column."""
+    return f"{'highest' if METRICS.get(metric, False) else 'lowest'} {METRIC_WORDS.get(metric, metric)}"
+
+
+def isolation_title(sweep: Sweep, metric: str) -> str:
+    if sweep.nuisance:
+        return f"{_best_of(metric)} over {', '.join(sweep.nuisance)}"
+    return f"{_best_of(metric)} per setting (the sweep has no nuisance axes)"
+
+
 def _isolation_table(sweep: Sweep, metric: str) -> tuple[list[str], list[list[str]]]:
-    header = (sweep.scientific or ["(all cells)"]) + [f"best {metric}"] + \
+    header = (sweep.scientific or ["(all cells)"]) + [_best_of(metric)] + \
         [f"at {a}" for a in sweep.nuisance] + ["ok/diverged/stalled/failed/unfinished"]
     body = []
     for row in isolation_rows(sweep, metric):
@@ -414,7 +427,7 @@ def render_markdown(sweep: Sweep, metric: str, images: Sequence[Path]) -> str:
              f"Scientific axes: {', '.join(sweep.scientific) or '-'}; "
              f"nuisance axes: {', '.join(sweep.nuisance) or '-'}.", "",
              "## Cells", "", markdown_table(*_cells_table(sweep)), "",
-             f"## Isolation table (best {metric} over the nuisance axes)", "",
+             f"## Isolation table: {isolation_title(sweep, metric)}", "",
              markdown_table(*_isolation_table(sweep, metric)), ""]
     if images:
         parts += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
@@ -437,7 +450,7 @@ def print_rich(sweep: Sweep, metric: str) -> None:
         t.add_row(*r)
     console.print(t)
     header, body = _isolation_table(sweep, metric)
-    t = Table(title=f"isolation: best {metric} over {', '.join(sweep.nuisance) or 'nothing'}")
+    t = Table(title=f"isolation: {isolation_title(sweep, metric)}")
     for h in header:
         t.add_column(h)
     for r in body:

@@ -137,7 +137,7 @@ def test_unreachable_host_via_the_command(tmp_path):
     proc = run_cli(["data", "download", "iwslt14"], cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: iwslt14: could not download de-en.tgz")
+    assert len(lines) == 1 and lines[0].startswith("deepinit: error: iwslt14: could not download de-en.tgz")
     assert f"{url}/de-en.tgz" in lines[0] and "--raw PATH" in lines[0]
 
 
