@@ -4,6 +4,7 @@ there is none, a corpus that cannot be read; Ctrl-C on a local sweep prints the 
 no traceback. A bug exits 1 with one line that names a file holding the traceback."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -153,6 +154,10 @@ def test_ctrl_c_on_a_local_sweep_prints_the_table_and_no_traceback(tmp_path):
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, err
     assert "2 interrupted" in out
     assert err.strip().splitlines()[-1].startswith("deepinit: stopped by SIGINT")
+    # each cell finished its update and saved it before it stopped (nothing lost)
+    for cell in training():
+        marker = json.loads((cell / "interrupted.json").read_text())
+        assert marker["resume_update"] is not None and marker["resume_update"] >= 5, marker
 
 
 def test_a_bug_is_one_line_naming_the_traceback_file(monkeypatch, capsys):

@@ -181,12 +181,12 @@ def run_task(cfg: DictConfig) -> None:
         _remove_hydra_files(run_dir)
         sys.stderr.write(f"deepinit: error: {err}\n")
         raise SystemExit(2)
-    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM to the driver (cells.Interrupted)
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (cells.Interrupted, loop.Stopped)
         name = cells.signal_name(cells.signal_of(exc))
         cells.mark_interrupted(run_dir, name)
         if not multirun:
-            sys.stderr.write(f"deepinit: interrupted ({name}); run the same command again to "
-                             f"resume {run_dir}\n")
+            resume = bool(OmegaConf.select(cfg, "trainer.resume", default=True))
+            sys.stderr.write(f"deepinit: interrupted ({name}); {cells.resume_note(run_dir, resume)}\n")
         raise
     except submitit.core.utils.UncompletedJobError as exc:  # out of time and out of requeues
         logging.getLogger("deepinit.file").error("interrupted: %s", exc)

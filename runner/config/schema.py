@@ -269,6 +269,9 @@ class TrainerConfig:
     log_interval: int = 10
     valid_interval: int = 500  # updates; 0 = only at the end
     save_interval: int = 500  # updates between checkpoints; 0 = only at the end
+    # minutes between extra saves of checkpoint_last.pt alone (at the next log window's end), so
+    # that a killed run loses at most this much work; 0 = off. They change nothing but the file.
+    save_interval_min: float = 5.0
     keep_checkpoints: int = 1  # numbered checkpoints kept (for averaging), besides checkpoint_last
     valid_max_batches: int = 0  # 0 = the whole valid split
     resume: bool = True  # continue from checkpoint_last.pt / skip a finished run

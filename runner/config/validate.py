@@ -96,7 +96,8 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"{key}={value}: expected a value in [0, 1)")
     for key in ("optim.eps", "optim.weight_decay", "optim.clip_norm", "optim.momentum",
                 "warmup.init_lr", "trainer.max_epochs", "trainer.valid_interval",
-                "trainer.save_interval", "trainer.keep_checkpoints", "trainer.threads",
+                "trainer.save_interval", "trainer.save_interval_min", "trainer.keep_checkpoints",
+                "trainer.threads",
                 "warmup.updates", "trainer.valid_max_batches", "trainer.eval_max_len_b",
                 "trainer.eval_average_last", "trainer.eval_max_len_a", "trainer.eval_lenpen",
                 "trainer.telemetry_interval", "trainer.early_stop.window",

@@ -127,6 +127,15 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return torch.load(path, map_location=map_location, weights_only=True)
 
 
+def checkpoint_step(path: Path) -> Optional[int]:
+    """The update a checkpoint was saved at (a resume continues after it), read without loading
+    its tensors; None when there is no readable checkpoint there."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except Exception:  # missing, torn, not a checkpoint
+        return None
+
+
 def numbered_checkpoints(run_dir: Path) -> list[Path]:
     """checkpoint_<step>.pt files, oldest first."""
     found = [(int(m.group(1)), p) for p in Path(run_dir).glob("checkpoint_*.pt")

@@ -6,12 +6,16 @@ result.json last. A run whose result.json says ok or diverged is finished and sk
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -24,7 +28,7 @@ from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import final_scores, split_bleu
 from runner.run.telemetry import Telemetry
-from runner.train.loop import Callback, Outcome, Trainer
+from runner.train.loop import Callback, Outcome, Stopped, Trainer
 
 
 # ----------------------------------------------------------------------------- callbacks
@@ -46,7 +50,12 @@ class CheckpointCallback(Callback):
         self.run_dir, self.keep = run_dir, keep
 
     def on_checkpoint(self, trainer: Trainer) -> None:
-        folder.save_checkpoint(self.run_dir, trainer.state_dict(), trainer.state.step, self.keep)
+        # an extra save (time-based, or on a stop) rewrites checkpoint_last.pt alone: the numbered
+        # checkpoints that are averaged stay those of the scheduled saves
+        keep = self.keep if trainer.checkpoint_numbered else 0
+        folder.save_checkpoint(self.run_dir, trainer.state_dict(), trainer.state.step, keep)
+        if not trainer.checkpoint_numbered:
+            file_log.info("saved %s at update %d", folder.LAST, trainer.state.step)
 
     def on_best(self, trainer: Trainer) -> None:
         folder.save_checkpoint_file(trainer.state_dict(), self.run_dir / "checkpoint_best.pt")
@@ -66,6 +75,51 @@ class ValidBleu(Callback):
             p.model, p.valid_split, p.data.references[cfg.data.valid_split], p.data.tgt_dict,
             p.data.bpe_symbol, cfg.trainer, cfg.data.max_tokens, p.device)
         p.model.train()
+
+
+# ----------------------------------------------------------------------------- stopping
+REPEAT_S = 2.0  # a second stop signal later than this after the first stops at once
+
+
+@contextlib.contextmanager
+def stop_after_the_update(trainer: Trainer) -> Iterator[None]:
+    """SIGINT (Ctrl-C) and SIGTERM while the trainer runs ask it to stop: it finishes the update
+    under way (and the validation that follows it, if one is due), saves checkpoint_last.pt and
+    raises Stopped. The same signal again within REPEAT_S seconds is the same request (a terminal's
+    Ctrl-C and a sweep launcher's SIGINT arrive together); later, it stops at once, without
+    saving (the run then resumes from its last checkpoint). Only in the main thread; a signal
+    that is ignored, handled outside Python, or handled by submitit (a SLURM job's SIGTERM,
+    which submitit's requeueing relies on) is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    first: list[float] = []
+
+    def handler(signum, frame):
+        if trainer.stop_signal is None:
+            trainer.stop_signal = signum
+            first.append(time.monotonic())
+            # os.write: no lock that the interrupted code could hold
+            os.write(2, (f"deepinit: {signal.Signals(signum).name}: stopping after the update "
+                         f"under way, once it is saved (the same again after {REPEAT_S:.0f} s: "
+                         "stop at once, without saving)\n").encode())
+        elif time.monotonic() - first[0] > REPEAT_S:
+            raise Stopped(signum, None)
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler_before = signal.getsignal(signum)
+        if (handler_before is not None and handler_before != signal.SIG_IGN
+                and not str(getattr(handler_before, "__module__", "")).startswith("submitit")):
+            previous[signum] = handler_before
+            signal.signal(signum, handler)
+    try:
+        yield
+        if trainer.stop_signal is not None:  # it came after the last update: all is saved
+            raise Stopped(trainer.stop_signal, trainer.state.step)
+    finally:
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -207,7 +261,8 @@ def train(cfg, run_dir: Path) -> dict:
             file_log.info(overview_text("deepinit train", rows))
             log_config(cfg)
             metrics.log_params(loggers.config_params(cfg))
-        outcome = trainer.run()
+        with stop_after_the_update(trainer):
+            outcome = trainer.run()
     except BaseException as exc:
         if metrics is not None:
             metrics.close("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
@@ -274,5 +329,32 @@ def spawn_ddp(cfg: Config, run_dir: Path) -> dict:
     if resolve_device(cfg.trainer.device).type == "cuda" and torch.cuda.device_count() < cfg.trainer.devices:
         raise ConfigError(f"trainer.devices={cfg.trainer.devices} but only "
                           f"{torch.cuda.device_count()} CUDA devices are visible")
-    mp.spawn(_ddp_worker, args=(cfg.trainer.devices, port, cfg, run_dir), nprocs=cfg.trainer.devices)
-    return folder.read_result(run_dir)
+    context = mp.start_processes(_ddp_worker, args=(cfg.trainer.devices, port, cfg, run_dir),
+                                 nprocs=cfg.trainer.devices, join=False, start_method="spawn")
+    # A stop signal to this process goes to every rank (a terminal's Ctrl-C reaches them anyway:
+    # they take the two as one request), and this process waits for them to save and end.
+    stops: list[int] = []
+
+    def forward(signum, frame):
+        stops.append(signum)
+        for process in context.processes:
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(signum)
+            if handler is not None and handler != signal.SIG_IGN:
+                previous[signum] = handler
+                signal.signal(signum, forward)
+    try:
+        while not context.join(timeout=0.5):
+            pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    result = folder.read_result(run_dir)
+    if result is None and stops:  # the ranks stopped (they swallow KeyboardInterrupt) and saved
+        raise Stopped(stops[0], folder.checkpoint_step(run_dir / folder.LAST))
+    return result

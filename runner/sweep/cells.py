@@ -7,7 +7,8 @@ Besides the run folder's own files (runner/run/folder.py), a cell may hold:
                                config was rejected, or how its job died (status `failed`)
     RUN_DIR/interrupted.json   its last attempt was stopped before it finished: SIGINT/SIGTERM,
                                the local launcher stopped, a SLURM job out of requeues (status
-                               `interrupted`; a rerun resumes it from checkpoint_last.pt)
+                               `interrupted`; a rerun resumes it from checkpoint_last.pt, at
+                               the update its "resume_update" says, or starts it over when null)
 
 and the sweep folder holds the launchers' job log:
 
@@ -115,12 +116,25 @@ def mark_interrupted(run_dir: Path, reason: str) -> bool:
     if not run_dir.is_dir() or (run_dir / "result.json").exists():
         return False
     steps = [r["step"] for r in folder.read_metrics(run_dir) if isinstance(r.get("step"), int)]
+    resume = folder.checkpoint_step(run_dir / folder.LAST)
     folder.write_json(run_dir / INTERRUPTED_FILE, {
         "status": "interrupted", "reason": reason, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "last_logged_update": max(steps) if steps else None,
-        "checkpoint": (run_dir / folder.LAST).exists()})
+        "checkpoint": resume is not None,
+        "resume_update": resume})  # where a rerun continues: checkpoint_last.pt's update
     return True
 
+
+def resume_note(run_dir: Path, resume: bool = True) -> str:
+    """What running the same command again does to an interrupted run, in words."""
+    step = folder.checkpoint_step(Path(run_dir) / folder.LAST)
+    if not resume:
+        return f"trainer.resume=false: running the same command again starts {run_dir} over from update 0"
+    if step is None:
+        return (f"nothing was saved yet: running the same command again starts {run_dir} over "
+                "from update 0")
+    return (f"checkpoint_last.pt holds update {step}: running the same command again resumes "
+            f"{run_dir} from update {step}")
 
 
 def folder_status(run_dir: Optional[Path]) -> tuple[str, str, Optional[int]]:

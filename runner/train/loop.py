@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -128,6 +129,16 @@ class Outcome:
     diverged_step: Optional[int] = None
 
 
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM) the loop acted on: it finished the update under way and
+    saved checkpoint_last.pt at `saved_step`. A KeyboardInterrupt, so that what handles Ctrl-C
+    handles it (signum: the signal, as runner.sweep.cells reads it)."""
+
+    def __init__(self, signum: int, saved_step: Optional[int]):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.saved_step = signum, saved_step
+
+
 # ----------------------------------------------------------------------------- callbacks
 class Callback:
     """Hooks the loop calls; every method is optional (the defaults do nothing)."""
@@ -193,6 +204,16 @@ class Trainer:
         # wall time counts from the run's start (parts.started: before the init scheme or the
         # checkpoint load), so it includes them, as it did for every earlier run
         self.t0 = parts.started
+        # A stop signal received while training (set by the run's signal handler): the loop
+        # saves and raises Stopped after the update under way.
+        self.stop_signal: Optional[int] = None
+        # whether the checkpoint being written is a scheduled one (numbered copies for averaging)
+        # or an extra one (time-based, on a stop: checkpoint_last.pt alone)
+        self.checkpoint_numbered = True
+        self.window: Optional[TrainWindow] = None
+        self.monitor: Optional[DivergenceMonitor] = None
+        self._pending: Optional[dict] = None  # a loaded checkpoint's unfinished log window
+        self._last_save = time.monotonic()
 
     @property
     def is_main(self) -> bool:
@@ -341,12 +362,34 @@ class Trainer:
         else:
             self._rng_ranks = None
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, numbered: bool = True) -> None:
+        """Save (the callbacks write the files); numbered=False: checkpoint_last.pt only."""
         self.gather_rng()
-        self._callbacks("on_checkpoint")
+        self.checkpoint_numbered = numbered
+        try:
+            self._callbacks("on_checkpoint")
+        finally:
+            self.checkpoint_numbered = True
         self._rng_ranks = None  # a later state_dict() without a gather takes this rank's own state
         if self.world > 1:
             dist.barrier()
+        self._last_save = time.monotonic()
+
+    def _stop_or_save(self, at_log: bool) -> tuple[Optional[int], bool]:
+        """After an update: (the stop signal to act on now, or None; whether a time-based save
+        is due), the same on every rank. One process acts on a stop after any update; DDP ranks
+        agree at the end of a log window (one small all-reduce there), as they do on time-based
+        saves, which come at the end of a log window in any case."""
+        t = self.cfg.trainer
+        due = (at_log and t.save_interval_min > 0
+               and time.monotonic() - self._last_save >= 60.0 * t.save_interval_min)
+        if self.world == 1:
+            return self.stop_signal, due
+        if not at_log:
+            return None, False
+        flags = self.all_reduce(torch.tensor([float(self.stop_signal or 0), float(due)],
+                                             device=self.device), "max").tolist()
+        return (int(flags[0]) or None), flags[1] > 0
 
     # ---- checkpoint state
     def state_dict(self) -> dict:
@@ -366,6 +409,10 @@ class Trainer:
             "early_stop": {"reference_loss": s.stop_reference, "reference_step": s.stop_reference_step,
                            "stopped": s.stopped_early},
             "initial_loss": s.initial_loss, "first_logged_loss": s.first_logged_loss,
+            # a checkpoint written inside a log window (a stop): the window's sums and the
+            # divergence counters, so that the resumed run logs what an uninterrupted one does
+            "pending": ({"window": self.window.state_dict(), "monitor": self.monitor.state_dict()}
+                        if self.window is not None and self.window.updates else None),
             # each rank's RNG streams (gathered in checkpoint() and before on_best), so that every
             # rank of a resumed DDP run continues its own dropout masks
             "rng_ranks": self._rng_ranks or [rng_state(self.device)],
@@ -392,6 +439,7 @@ class Trainer:
         s.stop_reference, s.stop_reference_step = stop.get("reference_loss"), stop.get("reference_step")
         s.stopped_early = bool(stop.get("stopped", False))
         s.initial_loss, s.first_logged_loss = state.get("initial_loss"), state.get("first_logged_loss")
+        self._pending = state.get("pending")
         ranks = state.get("rng_ranks") or [state["rng"]]  # "rng": the main rank's, in older checkpoints
         if len(ranks) != self.world:
             log.warning("the checkpoint holds the RNG streams of %d process(es) and this run has %d: "
@@ -422,12 +470,21 @@ class Trainer:
     def run(self) -> Outcome:
         """Update until max_updates (or max_epochs), divergence, or trainer.early_stop. Logs a
         train record every trainer.log_interval updates, validates every valid_interval and
-        checkpoints every save_interval (and both at the end)."""
+        checkpoints every save_interval (and both at the end). Besides, checkpoint_last.pt alone
+        is saved at the end of a log window once trainer.save_interval_min minutes have passed
+        since the last save, and after the update under way when `stop_signal` is set, which
+        then raises Stopped."""
         cfg, t, s = self.cfg, self.cfg.trainer, self.state
         outcome = Outcome()
         window = TrainWindow(self.device)
         monitor = DivergenceMonitor(self.device, s.bad_streak, t.divergence.loss_bound,
                                     t.divergence.patience, self.loss_scale)
+        if self._pending:  # resumed inside a log window
+            window.load_state_dict(self._pending["window"])
+            monitor.load_state_dict(self._pending["monitor"])
+            self._pending = None
+        self.window, self.monitor = window, monitor
+        self._last_save = time.monotonic()
         self.model.train()
         lr = lr_at(s.step, cfg)
         with progress_bar(t.progress if self.is_main else False) as progress:
@@ -473,8 +530,13 @@ class Trainer:
                                  s.stop_reference_step, s.step - s.stop_reference_step)
                         if not at_log:  # the window's updates since the last record
                             self._log_window(window, lr, progress, task)
+                stop, due = self._stop_or_save(at_log)
                 if (t.save_interval and s.step % t.save_interval == 0) or done:
                     self.checkpoint()
+                elif stop is not None or due:  # checkpoint_last.pt only: averaging is unchanged
+                    self.checkpoint(numbered=False)
+                if stop is not None:
+                    raise Stopped(stop, s.step)
             if outcome.status == "ok" and s.step < t.max_updates and not s.stopped_early:  # max_epochs
                 self.validate(lr_at(s.step, cfg))
                 self.checkpoint()
@@ -515,6 +577,20 @@ class TrainWindow:
                 self.kept_tokens, self.kept_updates = self.kept_tokens + tokens, self.kept_updates + updates
         self.tokens += out.tokens
         self.updates += 1
+
+    def state_dict(self) -> dict:
+        """The window so far (a checkpoint written inside it): its sums, bit for bit."""
+        on_host = lambda x: None if x is None else x.detach().cpu()  # noqa: E731
+        return {"loss": on_host(self.loss), "nll": on_host(self.nll), "grad_norm": on_host(self.grad_norm),
+                "tokens": self.tokens, "updates": self.updates, "seconds": self.seconds,
+                "kept_tokens": on_host(self.kept_tokens), "kept_updates": on_host(self.kept_updates)}
+
+    def load_state_dict(self, state: dict) -> None:
+        to_device = lambda x: None if x is None else x.to(self.loss.device)  # noqa: E731
+        self.loss, self.nll = to_device(state["loss"]), to_device(state["nll"])
+        self.grad_norm = to_device(state["grad_norm"])
+        self.tokens, self.updates, self.seconds = state["tokens"], state["updates"], state["seconds"]
+        self.kept_tokens, self.kept_updates = to_device(state["kept_tokens"]), to_device(state["kept_updates"])
 
     def record(self, trainer: Trainer, lr: float) -> dict:
         """The window's train record (per-token means over all ranks); starts a new window."""
@@ -566,6 +642,16 @@ class DivergenceMonitor:
     @property
     def bad_streak(self) -> float:
         return float(self.streak)
+
+    def state_dict(self) -> dict:
+        """The counters since the last check (a checkpoint written between checks)."""
+        return {"streak": self.streak.detach().cpu(), "max_streak": self.max_streak.detach().cpu(),
+                "nonfinite": self.nonfinite.detach().cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = self.streak.device
+        self.streak, self.max_streak = state["streak"].to(device), state["max_streak"].to(device)
+        self.nonfinite = state["nonfinite"].to(device)
 
     def check(self, trainer: Trainer) -> Outcome:
         if trainer.world > 1:  # ranks agree on divergence
