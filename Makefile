@@ -105,8 +105,8 @@ REPRODUCE_ARGS ?=
 REPRODUCE_TARGETS := reproduce-table2 reproduce-grid reproduce-tfixup-depth reproduce-lipschitz \
                      reproduce-schemes-postln reproduce-sgd-control reproduce-schemes-other \
                      reproduce-schemes-norms reproduce-schemes-scaling reproduce-schemes-norms-warmup \
-                     reproduce-schemes-scaling-warmup reproduce-mup-transfer reproduce-all \
-                     reproduce-all-schemes
+                     reproduce-schemes-scaling-warmup reproduce-mup-transfer reproduce-width \
+                     reproduce-table2-converged reproduce-all reproduce-all-schemes
 .PHONY: $(REPRODUCE_TARGETS)
 $(REPRODUCE_TARGETS): $(INSTALLED)
 	$(BIN)/deepinit reproduce $(@:reproduce-%=%) $(if $(SCALE),--scale $(SCALE)) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY_RUN),--dry-run) $(REPRODUCE_ARGS)

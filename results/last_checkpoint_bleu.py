@@ -6,7 +6,7 @@ the papers do; there those 5 checkpoints span the last few percent of training, 
 weights of very different quality. Cells trained with trainer.final_bleu_last carry the last
 checkpoint's BLEU in their record (bleu_last); for cells trained before that option, this script
 measures it on their run folders, without touching the folders or the records. The suite
-reports read its output beside the records (runner/records.py, LAST_CHECKPOINT_FILE).
+reports read its output beside the records (runner/tables/records.py, LAST_CHECKPOINT_FILE).
 
 Usage (the repository on PYTHONPATH, the data root set as for training):
     python results/last_checkpoint_bleu.py TARGET SUITE_OUTPUT_DIR
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from runner.records import LAST_CHECKPOINT_FILE, Records, cell_key, results_root
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import environment
 from runner.sweep.plan import canonical
+from runner.tables.records import LAST_CHECKPOINT_FILE, Records, cell_key, results_root
 
 CHECK_TOLERANCE = 0.01  # BLEU points: the re-decoded average must give the record's score
 

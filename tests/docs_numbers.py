@@ -3,7 +3,7 @@
 committed records at test time.
 
 Sources. `results/<target>/real/report.md` is rendered from `records.jsonl` by the suite's own
-renderer (runner/suite.py, as `deepinit reproduce` writes it; all-schemes by render_combined),
+renderer (runner/tables/suite.py, as `deepinit reproduce` writes it; all-schemes by render_combined),
 `last-checkpoint-bleu.md` by results/last_checkpoint_bleu.py's write_table from its jsonl; a
 `.json`/`.jsonl` file is read for its values at full precision; any other file (a hand-written
 measurement report) is taken as committed.
@@ -313,11 +313,11 @@ def _json_numbers(value) -> Iterable[Num]:
 
 def render_report(target: str) -> str:
     """results/<target>/real/report.md as the code renders it from the records now."""
-    from runner import reproduce, suite
+    from runner.tables import reproduce, suite
 
     if target == reproduce.ALL_SCHEMES:
         return suite.render_combined(reproduce.ALL_SCHEMES_TITLE, reproduce.ALL_SCHEMES_INTRO,
-                                     reproduce.all_schemes_sections())
+                                     reproduce.all_schemes_sections(), reproduce.ALL_SCHEMES_BASELINE)
     spec = reproduce.TARGETS[target]
     real = reproduce.real_suite(spec)
     return suite.render(target, spec.title, real.part.preset, real.cells)

@@ -8,9 +8,9 @@ import dataclasses
 import json
 import os
 
-from runner import reproduce as rp
-from runner import suite
 from runner.cli.compose import compose
+from runner.tables import reproduce as rp
+from runner.tables import suite
 from tests.conftest import run_cli
 
 

@@ -246,6 +246,6 @@ def test_the_rule_is_off_by_default():
 
 
 def test_result_records_carry_the_new_fields():
-    from runner.records import RESULT_FIELDS
+    from runner.tables.records import RESULT_FIELDS
 
     assert {"initial_loss", "first_logged_loss", "stopped_early", "stop_update"} <= set(RESULT_FIELDS)

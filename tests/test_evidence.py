@@ -1,4 +1,4 @@
-"""runner/evidence.py under rule book v1 (kept to show old verdicts beside new): bootstrap CIs, sign
+"""runner/tables/evidence.py under rule book v1 (kept to show old verdicts beside new): bootstrap CIs, sign
 test, paired differences and every verdict branch of `judge`. Rule book v2 and the t-based
 statistics: tests/test_rulebook.py.
 
@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 
-from runner.evidence import (
+from runner.tables.evidence import (
     Claim,
     Record,
     Summary,

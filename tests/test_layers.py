@@ -2,20 +2,46 @@
 cycle between modules, and ruff's rules (imports at the top of modules, among others)."""
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import grimp
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
+def _contracts() -> list[dict]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
 def test_import_linter_contracts_are_kept():
     proc = subprocess.run([str(BIN / "lint-imports")], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "Contracts: 3 kept, 0 broken." in proc.stdout, proc.stdout[-3000:]
+    n = len(_contracts())
+    assert n >= 3 and f"Contracts: {n} kept, 0 broken." in proc.stdout, proc.stdout[-3000:]
+
+
+def test_the_layers_are_exhaustive_and_reject_a_new_module_that_imports_the_cli(tmp_path):
+    """A copy of the package with one more top-level module that imports the CLI breaks the
+    layers contract: every module of runner must sit in a layer, and none below the CLI imports it."""
+    layers = next(c for c in _contracts() if c["type"] == "layers")
+    assert layers.get("exhaustive") is True and layers.get("containers") == ["runner"]
+    listed = {m.strip() for layer in layers["layers"] for m in layer.replace(":", "|").split("|")}
+    top = {p.stem if p.is_file() else p.name for p in (REPO / "runner").iterdir()
+           if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    assert top == listed  # the contract names every top-level module, no more
+    shutil.copytree(REPO / "runner", tmp_path / "runner", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "runner" / "shortcut.py").write_text("from runner.cli import main\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([str(BIN / "lint-imports")], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert proc.returncode != 0
+    assert "layers import one way BROKEN" in proc.stdout and "runner.shortcut" in proc.stdout, proc.stdout[-3000:]
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:

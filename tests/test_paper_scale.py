@@ -18,7 +18,7 @@ On an idle 2-core machine the file takes about 2 minutes (the 18+18 and 24+24 ce
 each, a third of that writing their 1.6-2.1 GB checkpoint_last.pt, which the test then deletes).
 
 Also here: the Lipschitz preset against its paper's recipe, the GPU-hour estimate of the
-paper-scale targets (runner/reproduce.py paper_gpu_hours) against a hand computation, and the
+paper-scale targets (runner/tables/reproduce.py paper_gpu_hours) against a hand computation, and the
 deepest model of each SCALE=gpu preset trained for 2 updates on CPU.
 """
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import reproduce as rp
 from runner.run.build import check_config
+from runner.tables import reproduce as rp
 from tests.conftest import REPO, compose, run_cli
 
 WMT_MAX_TOKENS = 256  # tokens per micro-batch for the 512-2048-8 WMT'14 models (see above)
@@ -229,7 +229,7 @@ def test_gpu_tier_preset_trains_2_updates_of_its_deepest_model_on_cpu(target, pa
     """SCALE=gpu's deepest model (18+18 of 512-1024-4; 200+200 of 64-128-2) at its real size,
     through `deepinit train` on CPU: fp32 instead of bf16, the toy corpus instead of Multi30k
     (no corpus needed), 2 updates."""
-    from runner import suite
+    from runner.tables import suite
 
     first = suite.plan(part.preset)[0]  # the plans list the deepest setting first
     cfg = compose(first.overrides)

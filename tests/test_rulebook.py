@@ -1,4 +1,4 @@
-"""Rule book v2 (runner/rulebook.py) and the statistics it decides by (runner/evidence.py).
+"""Rule book v2 (runner/tables/rulebook.py) and the statistics it decides by (runner/tables/evidence.py).
 
 Expected values come from scipy.stats called directly on hand-made values, from printed tables, or
 from simulation: never from the code under test called a second way.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from runner.evidence import (
+from runner.tables.evidence import (
     Claim,
     Record,
     claim_from_dict,
@@ -26,7 +26,7 @@ from runner.evidence import (
     t_mean_ci,
     t_test_power,
 )
-from runner.rulebook import RULEBOOKS, blow_up_cause, collapsed, outcome, rulebook
+from runner.tables.rulebook import RULEBOOKS, blow_up_cause, collapsed, outcome, rulebook
 
 # --------------------------------------------------------------------------- statistics
 
@@ -245,7 +245,7 @@ def test_same_best_needs_every_seed_to_agree():
 
 
 def test_reports_say_when_diverged_cells_blew_up_and_where_the_stopping_rule_ended_runs():
-    from runner import suite
+    from runner.tables import suite
 
     def cell(seed, record):
         return suite.SuiteCell(["+sweep=reproduce_tfixup_depth_real"], [], {"init": "xavier"}, seed, record)
@@ -262,3 +262,15 @@ def test_reports_say_when_diverged_cells_blew_up_and_where_the_stopping_rule_end
     note = suite.stop_note(runs)
     assert note.startswith("Stopping rule: 2 of 3 cells stopped on a flat curve (at update 5,000 to 6,250); 1 reached the cap")
     assert suite.stop_note([cell(1, {"status": "ok", "stopped_early": False, "early_stop": None})]) == ""
+
+
+def test_a_claim_about_the_last_checkpoint_meets_the_bar_there():
+    cells = [Record(dict(A), s, "ok" if avg >= 10 else "below_bar", {"bleu": avg, "bleu_last": last})
+             for s, (avg, last) in enumerate(((5.3, 15.8), (6.0, 14.0), (12.0, 9.0)), start=1)]
+    on_average = claim_from_dict({"id": "a", "text": "t", "kind": "trains", "a": A})
+    on_last = claim_from_dict({"id": "l", "text": "t", "kind": "trains", "a": A, "min_bleu": 10,
+                               "bleu_metric": "bleu_last"})
+    assert judge(on_average, cells).details["below_bar"] == 2
+    v = judge(on_last, cells)
+    assert v.details["below_bar"] == 1 and v.verdict == "inconclusive"
+    assert "1 below 10 BLEU of the last checkpoint" in v.measured

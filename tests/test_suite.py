@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from runner import suite
-from runner.records import cell_key
+from runner.tables import suite
+from runner.tables.records import cell_key
 from tests.conftest import REPO, run_cli
 
 SHRINK = ["data=toy", "data.toy.train_size=300", "data.toy.valid_size=30", "data.toy.test_size=20",
@@ -153,7 +153,7 @@ def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(t
     v1, whose per-claim bars reports still show beside the current verdicts)."""
     import json as _json
 
-    from runner.records import Records
+    from runner.tables.records import Records
 
     preset = suite.load_preset("reproduce_lipschitz_real")
     arm = {"reproduce": "order_v1", "init": "lipschitz", "model.layers": 12}
@@ -293,7 +293,7 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     assert "a variant, kept out of results/" in first.stdout
     # a log that is not a terminal has no progress bar: each cell's line counts the cells and
     # says the time left at the pace so far
-    assert re.search(r"\[1 of 8 cells, ~\d+ s left\]", first.stdout), first.stdout[-2000:]
+    assert re.search(r"\[1 of 8 cells, ~[\d.]+ (s|min|h) left\]", first.stdout), first.stdout[-2000:]
     assert "[8 of 8 cells]" in first.stdout
     records = [json.loads(line) for line in (tier / "records.jsonl").read_text().splitlines()]
     assert len(records) == 8  # 2 methods x 2 warmups x 2 seeds
@@ -335,14 +335,16 @@ def test_a_report_after_part_of_a_suite_is_the_whole_suites(tmp_path):
         return report.read_text()
 
     whole = table()
-    assert "21 of 21 cells trained" in whole
+    done = len((results / "table2" / "real" / "records.jsonl").read_text().splitlines())
+    assert f"{done} of 35 cells trained" in whole
     assert table("method=pre_ln", "trainer.seed=2") == whole
     # a spelling Hydra reads alike picks the same cells
     assert table("++method=pre_ln", "+trainer.seed=2") == whole
     # cells the preset does not have: a variant, reported beside its run folders
     assert table("method=pre_ln", "optim.lr=2e-3") == whole
     other = (tmp_path / "out" / "table2-real" / "report.md").read_text()
-    assert "0 of 6 cells trained" in other and "| method=post_ln" not in other
+    # Pre-LN's cells: seeds 1-10 with warmup, 1-3 without
+    assert "0 of 13 cells trained" in other and "| method=post_ln" not in other
 
 
 def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_path):
@@ -372,7 +374,7 @@ def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_pa
 
 
 def test_gpu_tier_without_a_gpu_says_so_in_one_line(tmp_path):
-    from runner import reproduce
+    from runner.tables import reproduce
 
     if reproduce.gpu_visible():
         pytest.skip("a GPU is visible: the tier runs")
@@ -446,7 +448,7 @@ def test_gpu_session_bench_step_times_presets_and_depth_apart_and_bundles_its_fi
 
 @pytest.mark.slow
 def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
-    from runner.records import Records
+    from runner.tables.records import Records
 
     cells = suite.plan("reproduce_table2_real", SHRINK)
     first, second = cells[:2], cells[2:3]
@@ -462,7 +464,7 @@ def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
 
 
 def test_all_real_suites_are_in_the_pool_order():
-    from runner import reproduce as rp
+    from runner.tables import reproduce as rp
 
     real = [name for name, t in rp.TARGETS.items() if "real" in t.parts]
     assert sorted(rp.REAL_SUITE_ORDER) == sorted(real) and len(set(rp.REAL_SUITE_ORDER)) == len(real)

@@ -1,5 +1,5 @@
 """`deepinit reproduce TARGET`: a published table (what `make reproduce-TARGET` runs;
-runner/reproduce.py)."""
+runner/tables/reproduce.py)."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from runner import reproduce
 from runner.sweep import cells
+from runner.tables import reproduce
 
 
 def main(argv: Sequence[str]) -> int:

@@ -208,7 +208,7 @@ def test_the_committed_records_signatures_read_case_lc():
 def test_a_report_gives_its_sacrebleu_columns_true_signature():
     """The table2 report rendered from the committed records says case:lc under its table, not
     the case:mixed its records.jsonl holds."""
-    from runner import reproduce, suite
+    from runner.tables import reproduce, suite
 
     target = reproduce.TARGETS["table2"]
     real = reproduce.real_suite(target)

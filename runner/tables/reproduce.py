@@ -5,7 +5,7 @@
 
 TARGET is table2 | grid | tfixup-depth | lipschitz | ... (`list` prints them). SCALE=real (CPU)
 and SCALE=gpu run the target's Multi30k suite cell by cell with records in results/
-(runner/suite.py); the other
+(runner/tables/suite.py); the other
 scales are one or more sweep presets (`sweeps/reproduce_<target>_<scale|dataset>.yaml`) run through `deepinit -m`
 into `outputs/reproduce/<target>-<scale>/` (a fixed folder, so a second call only runs the cells
 that have not finished: the trainer skips finished ones). Finished cells are then scored
@@ -32,15 +32,12 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from runner import suite
 from runner.bench import CUDA_BF16_PEAK_TFLOPS, train_flops
 from runner.config import Config, ModelConfig, TrainerConfig
 from runner.console import format_duration
-from runner.evidence import selector_matches
-from runner.records import Records, cell_key, results_root
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import wait_interruptibly
-from runner.sweep.cells import signal_of
+from runner.sweep.cells import FINISHED, signal_of
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
     NOT_TRAINED,
@@ -51,14 +48,16 @@ from runner.sweep.report import (
     plot_heatmaps,
     read_cell,
 )
+from runner.tables import suite
+from runner.tables.evidence import selector_matches
+from runner.tables.records import Records, cell_key, results_root
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # cpu: the toy smoke tier; real: Multi30k on CPU, gpu: Multi30k at the papers' model size on one GPU
-# (both runner/suite.py, records in results/); paper: the papers' recipes and corpora
+# (both runner/tables/suite.py, records in results/); paper: the papers' recipes and corpora
 SCALES = ("cpu", "real", "gpu", "paper")
 SUITE_TIERS = ("real", "gpu")
 LAUNCHERS = ("basic", "local", "slurm")
-FINISHED = ("ok", "diverged", "stalled")  # the trainer skips these; "failed" (a crash) is rerun
 # The grid compares with the paper's count of diverged runs: stalled cells are counted apart.
 DIVERGED_OR_CRASHED = ("diverged", "failed")
 
@@ -883,7 +882,7 @@ def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real"
 
 def run_real(target: Target, args, tier: str = "real") -> int:
     """SCALE=real or gpu: the target's Multi30k suite, cell by cell on this machine, with records
-    in results/<target>/<tier>/ (runner/suite.py)."""
+    in results/<target>/<tier>/ (runner/tables/suite.py)."""
     gpu = tier == "gpu"
     # A plan or a report trains nothing: both work on a login node without a GPU.
     trains = not (args.dry_run or args.table_only)

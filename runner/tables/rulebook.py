@@ -3,7 +3,7 @@
 One rule book judges every reproduction suite, the records trained before it included, so that
 the same claim word means the same thing in every table. A version never changes once written;
 a new reading is a new version, and reports show the verdicts of the version before it beside
-the current ones wherever the two differ (runner/evidence.py `judge_all`).
+the current ones wherever the two differ (runner/tables/evidence.py `judge_all`).
 
 Version 1 (the rules the first reports used):
     - A cell's status is the one its run recorded: "diverged" (training loss NaN/inf, or above
@@ -30,7 +30,8 @@ Version 2 (current):
     - The scored checkpoint is the one the suite's preset names (`bleu` in its records: the
       average of its last `trainer.eval_average_last` checkpoints); a suite trained until its
       curves flatten also records the last checkpoint (`bleu_last`) and the average of the
-      checkpoints taken after the curve flattened.
+      checkpoints taken after the curve flattened. A claim written about the last checkpoint
+      (`bleu_metric: bleu_last`) meets the same bar on that checkpoint's BLEU.
     - A diverged cell whose loss at update 0 is already above the divergence bound blew up at
       initialization, not during training; reports say which (records before version 2 have no
       loss at update 0, and read "unknown").
@@ -51,6 +52,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
+
+from runner.run.folder import run_status
 
 OUTCOMES = ("trained", "diverged", "collapsed", "stalled", "below_bar", "failed")
 NOT_TRAINED = ("diverged", "collapsed", "stalled", "below_bar")
@@ -117,9 +120,7 @@ def outcome(record: Mapping[str, Any], book: RuleBook, decoded: Optional[bool] =
     Under version 1 the outcome is the recorded status ("ok" reads "trained"; the claim's own
     BLEU bar applies later). `decoded`: whether the record's suite scores BLEU (None: whether this
     record has a BLEU field that is not None, or the run was not ok)."""
-    status = record.get("status", "failed")
-    if status == "ok" and record.get("stalled"):
-        status = "stalled"
+    status = run_status(dict(record)) or "failed"
     if status in ("failed", "diverged"):
         return status
     if collapsed(record, book):
@@ -154,7 +155,7 @@ def describe(book: RuleBook) -> str:
         return ("Rule book v1: statuses as the runs recorded them (diverged, stalled); a BLEU bar "
                 "only where a claim set one; 95% percentile-bootstrap intervals; \"better\" when the "
                 "bootstrap interval of the paired difference lies above 0.")
-    return (f"Rule book v{book.version} (runner/rulebook.py): a cell is diverged (training loss "
+    return (f"Rule book v{book.version} (runner/tables/rulebook.py): a cell is diverged (training loss "
             "NaN/inf or above the bound), collapsed (validation loss ends more than "
             f"{book.collapse_margin:g} nats above its best and above the unigram NLL), stalled (best "
             f"validation NLL not {book.stall_margin:g} nats below the unigram NLL), below the bar (a "

@@ -34,7 +34,7 @@ def results_root() -> Path:
     env = os.environ.get("DEEPINIT_RESULTS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[1] / "results"
+    return Path(__file__).resolve().parents[2] / "results"
 
 
 def cell_key(overrides: Sequence[str]) -> str:
@@ -100,9 +100,7 @@ def record_from_run(run_dir: Path, overrides: Sequence[str], arm: dict[str, str]
     if not result:
         return None
     env = folder.read_json(Path(run_dir) / "env.json") or {}
-    status = result.get("status", "failed")
-    if status == "ok" and result.get("stalled"):
-        status = "stalled"
+    status = folder.run_status(result) or "failed"
     curve = [(r["step"], r["loss"]) for r in folder.read_metrics(run_dir) if r.get("split") == "valid"]
     record: dict[str, Any] = {
         "overrides": sorted(overrides), "arm": dict(arm), "seed": int(seed),

@@ -7,7 +7,7 @@ counts cells with an ETA. A finished cell's record is written to
 results/<target>/<tier>/records.jsonl at once, so an
 interrupted suite keeps what it finished, and a later call (on this machine or another) trains
 only the cells that have no record yet. The preset's `sweep.claims` are the pre-registered
-decision rules (runner/evidence.py); the report lists each arm with mean, spread and 95%
+decision rules (runner/tables/evidence.py); the report lists each arm with mean, spread and 95%
 confidence intervals over seeds, and each claim with its verdict.
 """
 from __future__ import annotations
@@ -26,7 +26,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.console import console, format_duration
 from runner.decode.signature import signature_note
-from runner.evidence import (
+from runner.run.folder import folder_name
+from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
+from runner.sweep.report import markdown_table
+from runner.tables.evidence import (
     METRIC_KINDS,
     Record,
     Summary,
@@ -39,14 +42,10 @@ from runner.evidence import (
     selector_matches,
     summarize,
 )
-from runner.records import Records, cell_key, record_from_run, results_root
-from runner.rulebook import CURRENT, NOT_TRAINED, blow_up_cause, describe, outcome, rulebook
-from runner.run.folder import folder_name
-from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
-from runner.sweep.report import markdown_table
+from runner.tables.records import Records, cell_key, record_from_run, results_root
+from runner.tables.rulebook import CURRENT, NOT_TRAINED, blow_up_cause, describe, outcome, rulebook
 
 SEED_AXIS = "trainer.seed"
-STATUSES = ("ok", "diverged", "stalled", "failed")
 
 
 @dataclass
@@ -117,7 +116,7 @@ def attach_records(cells: Sequence[SuiteCell], records: Records) -> None:
 def _cell_env() -> dict[str, str]:
     """One thread per cell, and the cells import this very copy of the package (a suite run from
     a git worktree of a fixed commit trains every cell with that commit's code)."""
-    package_parent = str(Path(__file__).resolve().parents[1])
+    package_parent = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
 
@@ -299,8 +298,11 @@ def _summary_text(s: Summary, spec: str) -> str:
 
 
 def suite_decodes(cells: Sequence[SuiteCell]) -> bool:
-    """Whether the suite scores BLEU (some record has one): its cells then meet the BLEU bar."""
-    return any(c.record is not None and c.record.get("bleu") is not None for c in cells)
+    """Whether the suite scores BLEU (its preset sets trainer.final_bleu, or some record has a
+    BLEU): its cells then meet the BLEU bar."""
+    if any(c.record is not None and c.record.get("bleu") is not None for c in cells):
+        return True
+    return any(load_preset_value(c, "trainer.final_bleu") for c in cells[:1])
 
 
 def cell_outcome(record: dict, decoded: bool, version: int = CURRENT) -> str:
@@ -488,7 +490,9 @@ def load_preset_value(cell: SuiteCell, dotted: str) -> Optional[float]:
     node: object = load_preset(preset) if preset else {}
     for part in dotted.split("."):
         node = node.get(part) if isinstance(node, dict) else None
-    return float(node) if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+    if isinstance(node, bool):
+        return float(node)
+    return float(node) if isinstance(node, (int, float)) else None
 
 
 def stop_note(cells: Sequence[SuiteCell]) -> str:

@@ -18,7 +18,7 @@ Statistics
     sign test (Conover 1999, *Practical Nonparametric Statistics*, 3rd ed., sec. 3.4), which on
     diverged/not-diverged pairs is McNemar's exact test (McNemar 1947).
 
-    Which rules apply is the rule book's (runner/rulebook.py): `judge` and `judge_all` take its
+    Which rules apply is the rule book's (runner/tables/rulebook.py): `judge` and `judge_all` take its
     version; the records' statuses carry its outcomes (ok = trained, diverged, collapsed, stalled,
     below_bar, failed). What follows is version 2, with version 1's differences in brackets.
 
@@ -116,7 +116,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 from scipy import optimize, stats
 
-from runner.rulebook import CURRENT, NOT_TRAINED, RuleBook, rulebook
+from runner.tables.rulebook import CURRENT, NOT_TRAINED, RuleBook, rulebook
 
 # a Record's status: "ok" (trained), a way of not training (rule book v2 adds collapsed and
 # below_bar; v1 records only diverged and stalled), or "failed" (a crash: not evidence)
@@ -124,7 +124,7 @@ STATUSES = ("ok", "diverged", "collapsed", "stalled", "below_bar", "failed")
 KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "more_failed", "same_best")
 TWO_ARM_KINDS = ("better", "more_diverged", "more_failed")
 METRIC_KINDS = ("better", "same_best")  # the kinds that compare `metric`
-# what a claim's `metric` can name: the metrics each Record carries (runner/suite.py)
+# what a claim's `metric` can name: the metrics each Record carries (runner/tables/suite.py)
 METRICS = ("bleu", "sacrebleu", "best_valid_loss", "bleu_last")
 VERDICTS = ("reproduced", "not reproduced", "underpowered", "inconclusive", "not run")
 
@@ -531,10 +531,14 @@ def _below_bleu_bar(claim: Claim, r: Record) -> bool:
 def _not_trained(claim: Claim, a: Sequence[Record], book: RuleBook) -> tuple[int, dict[str, int], str]:
     """The cells of A that did not train: their number, the count per reason, and those in words."""
     if book.version >= 2:  # the statuses already carry the rule book's outcome, BLEU bar included
+        if claim.bleu_metric != book.scored_bleu and book.bleu_bar is not None:
+            # a claim written about another checkpoint (the last one) meets the same bar there
+            a = [_rebarred(r, claim.bleu_metric, book.bleu_bar) for r in a]
         counts = {s: sum(r.status == s for r in a) for s in NOT_TRAINED}
         words = _count_words(a, NOT_TRAINED)
         if book.bleu_bar is not None:
-            words = words.replace("below bar", f"below {book.bleu_bar:g} BLEU")
+            words = words.replace("below bar", f"below {book.bleu_bar:g} BLEU"
+                                  + (" of the last checkpoint" if claim.bleu_metric == "bleu_last" else ""))
         return sum(counts.values()), counts, words
     counts = {"diverged": sum(r.status == "diverged" for r in a),
               "stalled": sum(r.status == "stalled" for r in a)}
@@ -545,6 +549,15 @@ def _not_trained(claim: Claim, a: Sequence[Record], book: RuleBook) -> tuple[int
         if claim.bleu_metric == "bleu_last":
             words += " of the last checkpoint"
     return sum(counts.values()), counts, words
+
+
+def _rebarred(r: Record, metric: str, bar: float) -> Record:
+    """A trained or below-bar record judged against the BLEU bar on `metric` instead."""
+    if r.status not in ("ok", "below_bar"):
+        return r
+    value = r.metrics.get(metric)
+    below = value is None or not math.isfinite(value) or value < bar
+    return Record(r.arm, r.seed, "below_bar" if below else "ok", r.metrics)
 
 
 def _judge_trains(claim: Claim, a: Sequence[Record], book: RuleBook) -> Verdict:
@@ -759,7 +772,7 @@ def _judge_same_best(claim: Claim, a: Sequence[Record], book: RuleBook) -> Verdi
 def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None = None) -> Verdict:
     """The verdict on `claim` from `records` under rule book `book` (default: the current one).
 
-    The records' statuses must already carry the book's outcomes (runner/rulebook.py `outcome`).
+    The records' statuses must already carry the book's outcomes (runner/tables/rulebook.py `outcome`).
     A "better" claim judged alone is its own family; `judge_all` corrects a table's family."""
     book = rulebook(CURRENT if book is None else book) if not isinstance(book, RuleBook) else book
     if claim.kind not in KINDS:
