@@ -999,13 +999,16 @@ def real_tier_status(parallel: int) -> list[dict]:
         real = real_suite(target, tier=tier)
         cells, minutes = real.cells, real.minutes
         done = [c.record for c in cells if c.record is not None]
+        decoded = suite.suite_decodes(cells)
         todo = len(cells) - len(done)
         verdict_counts: dict[str, int] = {}
         for verdict in suite.verdicts(real.part.preset, cells):
             verdict_counts[verdict.verdict] = verdict_counts.get(verdict.verdict, 0) + 1
         rows.append({"target": target.name + (" (gpu)" if tier == "gpu" else ""), "tier": tier,
                      "cells": len(cells), "records": len(done),
-                     **{status: sum(r["status"] == status for r in done) for status in ("ok", "diverged", "stalled")},
+                     # the rule book's outcomes ("ok": trained)
+                     **{status: sum(suite.cell_outcome(r, decoded) == status for r in done)
+                        for status in ("ok", "diverged", "collapsed", "stalled", "below_bar")},
                      "verdicts": verdict_counts,
                      "remaining_s": estimate_wall_s([minutes * 60] * todo, 1 if tier == "gpu" else parallel)
                      if minutes else None})
@@ -1022,23 +1025,25 @@ def print_status(parallel: int) -> int:
     rows = real_tier_status(parallel)
     table = Table(title=f"real-data suites: records in {results_root()}", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for col in ("target", "cells", "ok", "div", "stall", "claims", "left"):
+    for col in ("target", "cells", "not trained", "claims", "left"):
         # only the claims wrap, so that a narrow terminal or a pipe cuts no number short
         table.add_column(col, justify="left" if col in ("target", "claims") else "right",
                          no_wrap=col != "claims", overflow="fold" if col == "claims" else "ellipsis")
-    order = ("reproduced", "not reproduced", "inconclusive", "incomplete", "not run")
+    order = ("reproduced", "not reproduced", "underpowered", "inconclusive", "incomplete", "not run")
     for r in rows:
         verdicts = ", ".join(f"{r['verdicts'][v]} {v}" for v in
                              sorted(r["verdicts"], key=lambda v: (order + (v,)).index(v))) or "-"
         remaining = ("done" if r["records"] == r["cells"] else
                      "-" if r["remaining_s"] is None else f"~{format_duration(r['remaining_s'])}")
-        table.add_row(r["target"], f"{r['records']}/{r['cells']}", str(r["ok"]), str(r["diverged"]),
-                      str(r["stalled"]), verdicts, remaining)
+        failed = " ".join(f"{r[k]}{letter}" for k, letter in (("diverged", "d"), ("collapsed", "c"),
+                                                                 ("stalled", "s"), ("below_bar", "b")) if r[k])
+        table.add_row(r["target"], f"{r['records']}/{r['cells']}", failed or "0", verdicts, remaining)
     total_left = sum(r["remaining_s"] or 0 for r in rows if r["tier"] == "real")
     gpu_left = sum(r["remaining_s"] or 0 for r in rows if r["tier"] == "gpu")
     console.print(table)
     console.print(f"cells: with a record / planned (a crashed cell gets no record and runs again); "
-                  f"div/stall: diverged, stalled; claims: verdicts so far; left: "
+                  f"not trained: the cells that did not train, by the rule book (d diverged, c collapsed, "
+                  f"s stalled, b below the BLEU bar); claims: verdicts so far; left: "
                   f"estimated wall time of the cells without a record, {parallel} at a time on an idle "
                   f"machine (each preset's cpu_minutes_per_cell); in all ~{format_duration(total_left)} of "
                   f"CPU suites, plus ~{format_duration(gpu_left)} of (gpu) suites, one cell at a time on one "
