@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from runner.data.corpus import CorpusError, default_data_root
+from runner.files import atomic_write_text
 
 DOWNLOADS_FOLDER = "downloads"  # DATA_ROOT/downloads/NAME
 MIRROR_ENV = "DEEPINIT_DOWNLOAD_MIRROR"  # a base URL that replaces the known ones (FILE from BASE/FILE)
@@ -295,9 +296,7 @@ def _read_manifest(folder: Path) -> dict:
 
 
 def _write_manifest(folder: Path, manifest: dict) -> None:
-    tmp = folder / f".{MANIFEST}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, folder / MANIFEST)
+    atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
 def fetch_file(remote: RemoteFile, folder: str | os.PathLike, mirror: str | None = None,

@@ -55,6 +55,7 @@ from runner.data.download import (
 )
 from runner.data.moses import moses_normalize, moses_tokenize, remove_non_printing, sacremoses_version
 from runner.data.subword import SubwordNmtCodes, learn_bpe, learn_bpe_from_counts
+from runner.files import atomic_open
 
 # prepare-iwslt14.sh: the order of the concatenated test set.
 IWSLT14_TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
@@ -162,13 +163,8 @@ def split_every(lines: Sequence[str], every: int = IWSLT14_VALID_EVERY, offset: 
 
 
 def _write_lines(path: Path, lines: Iterable[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(line)
-            f.write("\n")
-    os.replace(tmp, path)
+    with _Writer(path) as w:
+        w.write(lines)
 
 
 def _missing_raw(name: str, what: str, url: str) -> PrepareError:
@@ -437,8 +433,7 @@ class _Writer:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.tmp = path, path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        self.f = open(self.tmp, "w", encoding="utf-8", newline="\n")
+        self.file = atomic_open(path, "w", encoding="utf-8", newline="\n")
 
     def write(self, lines: Iterable[str]) -> None:
         for line in lines:
@@ -446,14 +441,11 @@ class _Writer:
             self.f.write("\n")
 
     def __enter__(self) -> "_Writer":
+        self.f = self.file.__enter__()
         return self
 
-    def __exit__(self, kind, *_) -> None:
-        self.f.close()
-        if kind is None:
-            os.replace(self.tmp, self.path)
-        else:
-            self.tmp.unlink(missing_ok=True)
+    def __exit__(self, *exc) -> None:
+        self.file.__exit__(*exc)
 
 
 def _wmt14_locate(raw: Path, archive_name: str, rels: Sequence[str], sha: str | None,

@@ -16,6 +16,7 @@ from runner.data.dataset import TokenizedSplit
 from runner.data.dictionary import Dictionary
 from runner.decode.scoring import bleu_scores, detokenize, tokenized_bleu
 from runner.decode.search import decode_split
+from runner.files import atomic_write_text
 from runner.run import folder
 from runner.run.build import model_for
 
@@ -127,9 +128,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
                         (f"{stem}.detok.hyp", detokenize(hyp_text, lang)),
                         (f"{stem}.detok.ref",
                          raw_refs if raw_refs is not None else detokenize(ref_text, lang))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        tmp.replace(out / name)
+        atomic_write_text(out / name, "".join(line + "\n" for line in lines))
     record = {
         "split": split, "sentences": len(hyp_text),
         "bleu": scores["bleu_tokenized"], "sacrebleu": scores["sacrebleu_detok"],

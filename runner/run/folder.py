@@ -23,7 +23,6 @@ import re
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 
 from runner import __version__
 from runner.console import log
+from runner.files import atomic_open, atomic_path, atomic_write_text, remove_stale
 
 LAST = "checkpoint_last.pt"
 NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
@@ -107,20 +107,9 @@ def save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
 
 
 def _save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by an attempt killed mid-write
-        stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp creates 0600; checkpoints are shared like any output
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    remove_stale(path)  # left by an attempt killed mid-write (one process writes a run's checkpoints)
+    with atomic_open(path, "wb", fsync=True) as f:
+        torch.save(obj, f)
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -156,10 +145,8 @@ def _save_checkpoint(run_dir: Path, state: dict[str, Any], step: int, keep: int)
     save_checkpoint_file(state, last)
     if keep > 0:
         numbered = run_dir / f"checkpoint_{step}.pt"
-        tmp = run_dir / f".{numbered.name}.link"
-        tmp.unlink(missing_ok=True)
-        os.link(last, tmp)
-        os.replace(tmp, numbered)
+        with atomic_path(numbered) as tmp:
+            os.link(last, tmp)
         for old in numbered_checkpoints(run_dir)[:-keep]:
             old.unlink(missing_ok=True)
 
@@ -243,9 +230,7 @@ def write_json(path: Path, obj: Any, indent: int = 2) -> None:
     """Atomic: a temporary file in the same folder, then a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=indent, default=_jsonable) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=indent, default=_jsonable) + "\n")
 
 
 def read_json(path: Path) -> Optional[Any]:
@@ -371,9 +356,7 @@ def truncate_metrics(path: Path, step: int) -> None:
         return
     kept = [line for line in path.read_text().splitlines(keepends=True)
             if line.strip() and json.loads(line)["step"] <= step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(kept))
 
 
 # ----------------------------------------------------------------------------- environment

@@ -24,7 +24,6 @@ import csv
 import importlib.util
 import json
 import logging
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -34,6 +33,7 @@ from typing import Any, Iterator, Optional
 from runner.config import Config, ConfigError
 from runner.config.schema import TensorBoardLoggerConfig
 from runner.console import log
+from runner.files import atomic_open, atomic_write_text
 from runner.run.folder import read_metrics, scalars, write_result
 
 NAMES = ("tensorboard", "csv", "mlflow", "wandb")
@@ -178,9 +178,7 @@ def read_state(run_dir: Path) -> dict:
 
 def write_state(run_dir: Path, state: dict) -> None:
     path = Path(run_dir) / STATE
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(state, indent=2) + "\n")
 
 
 class Logger:
@@ -274,12 +272,10 @@ class CsvLogger(Logger):
 
     @staticmethod
     def _rewrite(path: Path, header: list[str], rows: list[dict]) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", newline="") as f:
+        with atomic_open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=header, restval="")
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, path)
 
     def log_metrics(self, record: dict) -> None:
         split = record["split"]
@@ -300,12 +296,10 @@ class CsvLogger(Logger):
 
     def _key_values(self, name: str, values: dict[str, Any]) -> None:
         path = self.dir / f"{name}.csv"
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", newline="") as f:
+        with atomic_open(path, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["key", "value"])
             writer.writerows((key, "" if value is None else value) for key, value in values.items())
-        os.replace(tmp, path)
 
     def log_params(self, params: dict[str, Any]) -> None:
         self._key_values("params", {k: _text(v) if isinstance(v, (list, dict)) else v

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from runner.files import atomic_write_text
 from runner.run import folder
 
 ERROR_FILE = "error.txt"
@@ -99,9 +100,7 @@ def record_failure(run_dir: Path, reason: str, details: str = "",
         return False
     run_dir.mkdir(parents=True, exist_ok=True)
     text = (details or reason).rstrip() + "\n"
-    tmp = run_dir / f".{ERROR_FILE}.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, run_dir / ERROR_FILE)
+    atomic_write_text(run_dir / ERROR_FILE, text)
     record: dict[str, Any] = {"status": "failed", "reason": reason, "error_file": ERROR_FILE}
     if overrides is not None:
         record["overrides"] = list(overrides)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from runner.files import atomic_write_text
 from runner.run import folder
 
 RESULT_FIELDS = ("status", "reason", "diverged_step", "stalled", "updates", "epochs", "train_loss",
@@ -87,10 +88,8 @@ class Records:
     def save(self) -> None:
         """Atomic rewrite, cells in key order (stable diffs)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("".join(json.dumps(self.by_key[k], sort_keys=True) + "\n"
-                               for k in sorted(self.by_key)))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(json.dumps(self.by_key[k], sort_keys=True) + "\n"
+                                             for k in sorted(self.by_key)))
 
 
 def record_from_run(run_dir: Path, overrides: Sequence[str], arm: dict[str, str],

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.console import console, format_duration
 from runner.decode.signature import signature_note
+from runner.files import atomic_path, atomic_write_text
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
 from runner.sweep.report import markdown_table
@@ -699,7 +700,7 @@ def write_combined(name: str, title: str, intro: str, sections: Sequence[tuple[s
     out = results_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     text = render_combined(title, intro, sections, baseline)
-    _replace(out / "report.md", lambda tmp: tmp.write_text(text))
+    atomic_write_text(out / "report.md", text)  # several suites rewrite this page
     return out / "report.md"
 
 
@@ -727,7 +728,8 @@ def plot_curves(cells: Sequence[SuiteCell], path: Path) -> Optional[Path]:
     ax.set_ylabel("validation loss (label-smoothed, nats/token)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    _replace(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -809,7 +811,8 @@ def plot_grid(preset: str, cells: Sequence[SuiteCell], path: Path) -> Optional[P
         ax.set_ylabel(y)
         ax.set_title(name, fontsize=9)
     fig.colorbar(image, ax=list(axes[0]), label="best valid loss (mean of ok seeds)")
-    _replace(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -893,21 +896,10 @@ def plot_transfer(preset: str, cells: Sequence[SuiteCell], path: Path) -> Option
         ax.legend(fontsize=7)
         if ax is axes[0][0] or not one_metric:
             ax.set_ylabel(f"{panel['metric']} (mean of ok seeds)")
-    _replace(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
-
-
-def _replace(path: Path, write: Callable[[Path], object]) -> None:
-    """Write a file through a temporary one of its own and os.replace, so that a stop mid-write
-    leaves the old file whole (reports are rewritten after every cell) and two processes writing
-    the same page (the all-schemes table, fed by several suites) never rename each other's half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process; the umask's permissions
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],
@@ -916,7 +908,7 @@ def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell
     out = results_dir(target, tier) if out is None else out
     out.mkdir(parents=True, exist_ok=True)
     text = render(target, title, preset, cells, tier)
-    _replace(out / "report.md", lambda tmp: tmp.write_text(text))
+    atomic_write_text(out / "report.md", text)  # rewritten after every cell
     plot_curves(cells, out / "curves.png")
     plot_grid(preset, cells, out / "heatmap.png")
     plot_transfer(preset, cells, out / "transfer.png")
