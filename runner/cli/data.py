@@ -82,6 +82,8 @@ def main_download(argv: Sequence[str]) -> int:
     elif args.corpus == "iwslt14":
         console.print(f"prepare it with: deepinit data prepare iwslt14 --raw {folder / 'de-en.tgz'}",
                       highlight=False)
+    elif args.corpus == "tinyshakespeare":
+        console.print("train on it with: deepinit train task=lm data=shakespeare_char", highlight=False)
     else:
         console.print(f"prepare it with: deepinit data prepare wmt14-en-de --raw {folder}", highlight=False)
     return 0

@@ -41,6 +41,9 @@ class ModelConfig:
     # (layer6ai-labs/T-Fixup), as their fairseq/modules/multihead_attention.py set them.
     qkv_bias_init: str = "zero"
     max_positions: int = 1024
+    # sinusoidal: fairseq's fixed [sin | cos] table; learned: a trained table of max_positions
+    # rows (nanoGPT model.py wpe, initialized as the token table)
+    positions: str = "sinusoidal"
     activation_checkpointing: bool = False
     # QK-norm on every head's queries and keys before the dot product, in self- and
     # cross-attention: none | layernorm | rmsnorm (Dehghani et al. 2023; Wortsman et al. 2023;
@@ -162,11 +165,13 @@ class OptimConfig:
 class ScheduleConfig:
     """Learning-rate schedule after warmup (fairseq lr_scheduler semantics)."""
 
-    name: str = "inverse_sqrt"  # inverse_sqrt | linear | constant
+    name: str = "inverse_sqrt"  # inverse_sqrt | linear | constant | cosine
     # inverse_sqrt with warmup.updates = 0: lr(t) = lr * sqrt(D / (D + t)) (T-Fixup's
     # inverse_sqrt_nowarmup, --decay-period 4000 in layer6ai-labs/T-Fixup Train_IWSLT_TFixup_example.sh).
     decay_period: int = 4000
-    min_lr: float = 0.0  # linear: decay to this value at trainer.max_updates
+    # linear, cosine: decay to this value at trainer.max_updates (cosine: nanoGPT train.py get_lr,
+    # min_lr + (lr - min_lr) * (1 + cos(pi * progress)) / 2 after warmup)
+    min_lr: float = 0.0
 
 
 @dataclass
@@ -194,7 +199,7 @@ class ToyConfig:
 class DataConfig:
     """Which corpus and how batches are formed."""
 
-    name: str = "toy"  # toy | multi30k | iwslt14 | custom
+    name: str = "toy"  # toy | multi30k | iwslt14 | custom (translation); shakespeare_char (task=lm)
     dir: Optional[str] = None
     source_lang: str = "de"
     target_lang: str = "en"
@@ -218,6 +223,10 @@ class DataConfig:
     max_source_positions: int = 1024
     max_target_positions: int = 1024
     num_workers: int = 0
+    # task=lm: each update reads batch_size blocks of block_size tokens at random offsets
+    # (nanoGPT train.py get_batch; its CPU shakespeare_char run: block 64, batch 12)
+    block_size: int = 64
+    batch_size: int = 12
     toy: ToyConfig = field(default_factory=ToyConfig)
 
 
@@ -368,6 +377,9 @@ class LoggerConfig:
 
 @dataclass
 class Config:
+    # translation: the encoder-decoder model on a parallel corpus; lm: a decoder-only causal
+    # language model (runner/model/lm.py) on a text corpus (data=shakespeare_char)
+    task: str = "translation"
     model: ModelConfig = field(default_factory=ModelConfig)
     norm: NormConfig = field(default_factory=NormConfig)
     init: InitConfig = field(default_factory=InitConfig)

@@ -14,7 +14,11 @@ class ConfigError(ValueError):
     """A user error in the configuration: reported as one line, exit code 2, no traceback."""
 
 
+LM_CORPORA = ("shakespeare_char",)  # data.name values that are text for task=lm
+
 CHOICES = {
+    "task": ("translation", "lm"),
+    "model.positions": ("sinusoidal", "learned"),
     "model.activation": ("relu", "gelu"),
     "model.share_embeddings": ("none", "decoder_io", "all"),
     "model.parameterization": ("standard", "ntk"),
@@ -26,8 +30,8 @@ CHOICES = {
     "norm.kind": ("layernorm", "rmsnorm", "dyt", "scalenorm"),
     "optim.name": ("adam", "radam", "sgd"),
     "optim.radam_mode": ("admin", "sgd_fallback", "torch"),
-    "schedule.name": ("inverse_sqrt", "linear", "constant"),
-    "data.name": ("toy", "multi30k", "iwslt14", "custom"),
+    "schedule.name": ("inverse_sqrt", "linear", "constant", "cosine"),
+    "data.name": ("toy", "multi30k", "iwslt14", "custom", *LM_CORPORA),
     "data.bpe": ("none", "tokenizers", "codes"),
     "data.tokenize": ("none", "moses"),
     "data.empty_lines": ("skip", "error"),
@@ -116,6 +120,9 @@ def validate(cfg: Any) -> None:
             "linear schedule's lr negative)")
     if cfg.schedule.min_lr > optim.lr:
         raise ConfigError(f"schedule.min_lr={cfg.schedule.min_lr}: expected <= optim.lr={optim.lr}")
+    if cfg.schedule.name == "cosine" and cfg.warmup.updates >= trainer.max_updates:
+        raise ConfigError(f"schedule=cosine decays after the warmup: warmup.updates={cfg.warmup.updates} "
+                          f"must be shorter than trainer.max_updates={trainer.max_updates}")
     if cfg.schedule.decay_period <= 0:
         raise ConfigError(f"schedule.decay_period={cfg.schedule.decay_period}: expected > 0")
     if cfg.warmup.updates > trainer.max_updates:
@@ -150,6 +157,32 @@ def validate(cfg: Any) -> None:
     if trainer.devices > 1 and trainer.update_freq < 1:
         raise ConfigError("trainer.update_freq must be >= 1")
     _check_loggers(cfg)
+    _check_task(cfg)
+
+
+def _check_task(cfg: Any) -> None:
+    """task=lm reads a text corpus in blocks and scores no BLEU; task=translation a parallel one."""
+    data, trainer = cfg.data, cfg.trainer
+    if cfg.task == "translation":
+        if data.name in LM_CORPORA:
+            raise ConfigError(f"data={data.name} is a language-model corpus: use task=lm, or "
+                              "a parallel corpus (data=toy|multi30k|iwslt14|custom)")
+        return
+    if data.name not in LM_CORPORA:
+        raise ConfigError(f"task=lm needs a text corpus: data={'|'.join(LM_CORPORA)}, not "
+                          f"data={data.name}")
+    for key in ("data.block_size", "data.batch_size"):
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"{key}={_get(cfg, key)}: expected a positive integer")
+    if data.block_size > cfg.model.max_positions:
+        raise ConfigError(f"data.block_size={data.block_size} is longer than model.max_positions="
+                          f"{cfg.model.max_positions}: raise model.max_positions or shorten the blocks")
+    for key in ("trainer.valid_bleu", "trainer.final_bleu"):
+        if _get(cfg, key):
+            raise ConfigError(f"{key}=true: BLEU scores translations; task=lm reports loss, bits "
+                              "per character and perplexity, so set it false")
+    if trainer.best_checkpoint_metric == "bleu":
+        raise ConfigError("trainer.best_checkpoint_metric=bleu: task=lm has no BLEU; use loss or none")
 
 
 def _check_early_stop(trainer: Any) -> None:

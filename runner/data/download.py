@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from runner.data.corpus import CorpusError, default_data_root
+from runner.data.lm import SHAKESPEARE_SHA256
 from runner.files import atomic_write_text
 
 DOWNLOADS_FOLDER = "downloads"  # DATA_ROOT/downloads/NAME
@@ -119,6 +120,11 @@ WMT14_FILES = (
                None, unpack=True),
 )
 
+# karpathy/char-rnn data/tinyshakespeare/input.txt, the file nanoGPT's
+# data/shakespeare_char/prepare.py fetches; data=shakespeare_char checks the same hash
+TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TINYSHAKESPEARE_SHA256 = SHAKESPEARE_SHA256
+
 CORPORA: dict[str, RemoteCorpus] = {
     "multi30k": RemoteCorpus(
         "multi30k",
@@ -133,6 +139,12 @@ CORPORA: dict[str, RemoteCorpus] = {
         about="IWSLT'14 de-en.tgz (WIT3 2014-01, via fairseq's mirror; hash recorded)",
         manual="fetch de-en.tgz yourself and pass --raw PATH/de-en.tgz to "
                "`deepinit data prepare iwslt14`"),
+    "tinyshakespeare": RemoteCorpus(
+        "tinyshakespeare",
+        (RemoteFile("input.txt", (TINYSHAKESPEARE_URL,), TINYSHAKESPEARE_SHA256),),
+        about="tinyshakespeare input.txt for data=shakespeare_char (1.1 MB, SHA-256 checked)",
+        manual="fetch data/tinyshakespeare/input.txt from github.com/karpathy/char-rnn yourself "
+               "into {folder}, or set data.dir to the folder holding it"),
     "wmt14-en-de": RemoteCorpus(
         "wmt14-en-de", WMT14_FILES,
         about="WMT'14 en-de archives of fairseq's prepare-wmt14en2de.sh (several GB), unpacked",

@@ -14,10 +14,11 @@ from runner.config import ConfigError
 from runner.init.admin import Admin
 from runner.init.admin_torch import AdminTorch
 from runner.init.b2t import rescale_b2t
-from runner.init.base import InitScheme, ModelSurface, ParamGroup, placement_problems
+from runner.init.base import InitScheme, ModelSurface, ParamGroup, placement_problems, task_problems
 from runner.init.deepnorm import DeepNorm
 from runner.init.depth_mup import DepthMuP
 from runner.init.ds_init import DSInit
+from runner.init.gpt2 import GPT2
 from runner.init.layerscale import LayerScale
 from runner.init.lipschitz import Lipschitz
 from runner.init.rezero import ReZero
@@ -42,6 +43,7 @@ SCHEMES: dict[str, InitScheme] = {
     "rezero_ramp": ReZeroRamp(),
     "layerscale": LayerScale(),
     "depth_mup": DepthMuP(),
+    "gpt2": GPT2(),
 }
 
 
@@ -57,7 +59,7 @@ def check_requirements(cfg) -> None:
     """Raise ConfigError with one line naming the override to change when the scheme does not
     define this combination (both stacks' placements are checked)."""
     scheme = get_scheme(cfg.init.name)
-    for problem in placement_problems(scheme, cfg) + scheme.requirements(cfg):
+    for problem in task_problems(scheme, cfg) + placement_problems(scheme, cfg) + scheme.requirements(cfg):
         raise ConfigError(problem)
 
 

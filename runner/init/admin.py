@@ -92,6 +92,7 @@ def profile(model, cfg, batch) -> dict[str, float]:
 
 class Admin(InitScheme):
     name = "admin"
+    task_hint = ("Admin's profiling pass runs the encoder-decoder forward; its decoder-only form is not written yet")
     placements = ("post",)
     placement_hint = "Admin rescales the Post-LN shortcut"
 

@@ -31,6 +31,7 @@ def residual_sublayers(model) -> dict[str, int]:
 
 class AdminTorch(InitScheme):
     name = "admin_torch"
+    task_hint = ("admin-torch's n (2N encoder, 3M decoder branches) has no decoder-only count chosen yet")
     placements = ("post",)
     placement_hint = "admin_torch rescales the Post-LN shortcut"
 

@@ -79,6 +79,10 @@ class InitScheme:
     name: ClassVar[str] = ""
     placements: ClassVar[Optional[tuple[str, ...]]] = None
     placement_hint: ClassVar[str] = ""  # why the placement is required, for the error line
+    # The tasks (config `task`) the scheme states a rule for; a decoder-only LM needs a rule for
+    # one stack of self-attention and FFN branches (runner/model/lm.py).
+    tasks: ClassVar[tuple[str, ...]] = ("translation",)
+    task_hint: ClassVar[str] = ""  # why the scheme has no rule for the other tasks, for the error line
     # The warmup the scheme is meant to train with, applied by `deepinit train` when the user
     # sets none explicitly; None = no opinion (the config's warmup stands).
     warmup_updates: ClassVar[Optional[int]] = None
@@ -119,6 +123,16 @@ def stack_placements(cfg) -> dict[str, str]:
     norm = cfg.norm
     return {"encoder": norm.encoder_placement or norm.placement,
             "decoder": norm.decoder_placement or norm.placement}
+
+
+def task_problems(scheme: InitScheme, cfg) -> list[str]:
+    """One line when the scheme states no rule for the configured task."""
+    task = getattr(cfg, "task", "translation")
+    if task in scheme.tasks:
+        return []
+    why = f": {scheme.task_hint}" if scheme.task_hint else ""
+    return [f"init={scheme.name} has no rule for task={task}{why}; use "
+            f"{' or '.join('task=' + t for t in scheme.tasks)}, or an init scheme that has one"]
 
 
 def placement_problems(scheme: InitScheme, cfg) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -21,10 +22,13 @@ def attention_projections(module: Sublayer) -> dict[str, nn.Linear]:
 
 
 @torch.no_grad()
-def init_embedding(weight: torch.Tensor, dim: int, pad_index: int) -> None:
-    """N(0, d^-1/2) with the padding row zero (the Embedding helper of fairseq/models/transformer.py)."""
+def init_embedding(weight: torch.Tensor, dim: int, pad_index: Optional[int]) -> None:
+    """N(0, d^-1/2) with the padding row zero (the Embedding helper of fairseq/models/transformer.py;
+    fairseq's learned positions are drawn the same way, fairseq/modules/positional_embedding.py).
+    A language model's blocks have no padding (pad_index None)."""
     nn.init.normal_(weight, mean=0.0, std=dim ** -0.5)
-    weight[pad_index].zero_()
+    if pad_index is not None:
+        weight[pad_index].zero_()
 
 
 @torch.no_grad()

@@ -27,8 +27,15 @@ def constants(encoder_layers: int, decoder_layers: int, variant: str = "paper") 
     }
 
 
+def decoder_only_constants(layers: int) -> dict:
+    """alpha = (2L)^1/4, beta = (8L)^-1/4 for an encoder-only or decoder-only stack of L layers
+    (Wang et al. 2022, Table 1 / Fig. 2 pseudocode; xformers get_deepnorm_coefficients)."""
+    return {"decoder": {"alpha": (2 * layers) ** 0.25, "beta": (8 * layers) ** -0.25}}
+
+
 class DeepNorm(InitScheme):
     name = "deepnorm"
+    tasks = ("translation", "lm")
     placements = ("post",)
     placement_hint = "DeepNorm up-weights the Post-LN shortcut"
 
@@ -43,7 +50,10 @@ class DeepNorm(InitScheme):
 def apply_deepnorm(model, cfg) -> dict:
     fairseq_xavier(model, cfg)
     variant = cfg.init.deepnorm_variant
-    c = constants(model.cfg.num_encoder_layers, model.cfg.num_decoder_layers, variant)
+    if getattr(cfg, "task", "translation") == "lm":
+        c = decoder_only_constants(model.cfg.num_decoder_layers)
+    else:
+        c = constants(model.cfg.num_encoder_layers, model.cfg.num_decoder_layers, variant)
     for ref in model.sublayers():
         beta = c[ref.side]["beta"]
         ref.module.omega.fill_(c[ref.side]["alpha"])

@@ -76,6 +76,7 @@ def branch_parameters(ref) -> list:
 
 
 class DepthMuP(InitScheme):
+    tasks = ("translation", "lm")
     name = "depth_mup"
     placements = ("pre",)
     placement_hint = "Depth-muP and CompleteP are derived for Pre-LN residual stacks"

@@ -24,6 +24,7 @@ def bound(fan_in: int, fan_out: int, layer: int, form: str, gain: float) -> floa
 
 
 class DSInit(InitScheme):
+    tasks = ("translation", "lm")
     name = "ds_init"
 
     @torch.no_grad()

@@ -33,6 +33,7 @@ def layerscale_epsilon(depth: int) -> float:
 
 
 class LayerScale(InitScheme):
+    tasks = ("translation", "lm")
     name = "layerscale"
     placements = ("pre", "sandwich")
     placement_hint = "LayerScale scales the branch of a Pre-LN residual block (CaiT)"

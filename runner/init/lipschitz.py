@@ -19,6 +19,7 @@ def order(cfg) -> str:
 
 class Lipschitz(InitScheme):
     name = "lipschitz"
+    task_hint = ("Xu et al. 2020 state the Lipschitz init for the encoder-decoder model only")
 
     def requirements(self, cfg) -> list[str]:
         """v1 or v2 on both stacks (per-stack placements included)."""

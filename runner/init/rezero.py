@@ -58,6 +58,7 @@ class AlphaScheme(InitScheme):
 
 
 class ReZero(AlphaScheme):
+    tasks = ("translation", "lm")
     name = "rezero"
     placements = ("none",)
     placement_hint = "ReZero removes layer normalization"

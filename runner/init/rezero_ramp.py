@@ -8,6 +8,7 @@ from runner.init.rezero import AlphaScheme
 
 
 class ReZeroRamp(AlphaScheme):
+    tasks = ("translation", "lm")
     name = "rezero_ramp"
     placements = ("none",)
     placement_hint = "ReZero removes layer normalization"

@@ -8,6 +8,7 @@ from runner.init.rezero import AlphaScheme
 
 
 class SkipInit(AlphaScheme):
+    tasks = ("translation", "lm")
     name = "skipinit"
     placements = ("none",)
     placement_hint = "SkipInit replaces normalization"

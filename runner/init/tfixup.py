@@ -31,6 +31,8 @@ SCALED = ("v", "out", "fc1", "fc2")
 
 class TFixup(InitScheme):
     name = "tfixup"
+    task_hint = ("T-Fixup (Huang et al. 2020, Sec. 3) states factors for an encoder and for an "
+                 "encoder-decoder's decoder (with cross-attention), not for a decoder-only stack")
     placements = ("none",)
     placement_hint = "T-Fixup removes layer normalization"
     warmup_updates = 0  # T-Fixup trains without warmup (Huang et al. 2020, Sec. 3)

@@ -7,6 +7,7 @@ from runner.init.common import fairseq_xavier
 
 
 class Xavier(InitScheme):
+    tasks = ("translation", "lm")
     name = "xavier"
 
     def apply(self, model, cfg, batch=None) -> dict:

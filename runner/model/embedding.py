@@ -29,14 +29,18 @@ class Embedder(nn.Module):
     F.normalize(self.word_embedding, dim=-1) before the lookup and the sqrt(d) scale)."""
 
     def __init__(self, tokens: nn.Embedding, max_positions: int, dropout: float, scale: bool,
-                 fixnorm: bool = False):
+                 fixnorm: bool = False, learned_positions: bool = False):
         super().__init__()
         self.tokens = tokens
         self.fixnorm = fixnorm
         dim = tokens.embedding_dim
         self.scale = math.sqrt(dim) if scale else 1.0
-        # Positions are a fixed function, not a parameter: kept out of the state_dict.
-        self.register_buffer("positions", sinusoidal_table(max_positions, dim), persistent=False)
+        if learned_positions:  # a trained table (nanoGPT model.py wpe); init schemes fill it
+            self.position_table: nn.Embedding | None = nn.Embedding(max_positions, dim)
+        else:
+            self.position_table = None
+            # Sinusoidal positions are a fixed function, not a parameter: kept out of the state_dict.
+            self.register_buffer("positions", sinusoidal_table(max_positions, dim), persistent=False)
         self.dropout = Dropout(dropout)
 
     def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -45,4 +49,5 @@ class Embedder(nn.Module):
             x = F.normalize(self.tokens(tokens), dim=-1) * self.scale
         else:
             x = self.tokens(tokens) * self.scale
-        return self.dropout(x + self.positions[start:start + tokens.shape[1]])
+        table = self.positions if self.position_table is None else self.position_table.weight
+        return self.dropout(x + table[start:start + tokens.shape[1]])

@@ -59,9 +59,13 @@ def share_alpha(sublayers: list[Sublayer], residual: ResidualSpec) -> None:
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention and FFN; with causal=True (a decoder-only LM's layer) query i attends keys
+    0..i."""
+
     def __init__(self, cfg: ModelConfig, make_sublayer, residual: ResidualSpec,
-                 slots: Optional[Slots] = None, dual_scale: float = 1.0):
+                 slots: Optional[Slots] = None, dual_scale: float = 1.0, causal: bool = False):
         super().__init__()
+        self.causal = causal
         self.self_attn = make_sublayer(MultiheadAttention(
             cfg.dim, cfg.heads, cfg.attention_dropout, cfg.parameterization, cfg.attention,
             **attention_options(cfg)))
@@ -78,7 +82,7 @@ class EncoderLayer(nn.Module):
         """Returns the layer output; with `dual` (ResiDual) the pair (output, dual stream)."""
         bottom = x if self.bottom_to_top else None
         stream = None if dual is None else DualStream(dual, self.dual_scale)
-        x = self.self_attn(x, attn_mask=pad_mask, packing=packing, dual=stream)
+        x = self.self_attn(x, attn_mask=pad_mask, is_causal=self.causal, packing=packing, dual=stream)
         if bottom is None and stream is None:
             return self.ffn(x)
         x = self.ffn(x, bottom=bottom, dual=stream)

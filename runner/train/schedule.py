@@ -29,4 +29,10 @@ def lr_at(step: int, cfg) -> float:
         total, min_lr = cfg.trainer.max_updates, cfg.schedule.min_lr
         span = max(total - warmup, 1)
         return (peak - min_lr) * max(0.0, 1.0 - (step - warmup) / span) + min_lr
+    if name == "cosine":
+        # Half a cosine from peak at the end of warmup to min_lr at max_updates (karpathy/nanoGPT
+        # train.py get_lr, lr_decay_iters = max_iters as its shakespeare_char config sets them).
+        total, min_lr = cfg.trainer.max_updates, cfg.schedule.min_lr
+        progress = min(1.0, (step - warmup) / max(total - warmup, 1))
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak - min_lr)
     raise ValueError(f"unknown schedule {name!r}")

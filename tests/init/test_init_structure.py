@@ -37,6 +37,7 @@ CHANGES = {
     "rezero": ALPHAS, "rezero_postln": ALPHAS, "skipinit": ALPHAS, "rezero_ramp": ALPHAS,
     "layerscale": ALPHAS,  # lambda = eps(depth), a d-vector per branch
     "depth_mup": ALPHAS,  # m^-a: 2 layers against the default base of 6 gives sqrt(3)
+    "gpt2": WEIGHTS | TABLES,  # N(0, 0.02) everywhere, the residual writers smaller
 }
 # The one declared shape change: LayerScale's alpha is a d-vector (ResidualSpec.alpha_vector).
 VECTOR_ALPHA = {"layerscale"}

@@ -1,0 +1,130 @@
+"""The decoder-only LM (runner/model/lm.py) and what it adds for task=lm: causality under every
+placement, the typed surface init schemes use, learned positions, sampling, the GPT-2 init, the
+decoder-only DeepNorm constants and the cosine schedule, each against values computed here."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from runner import init as init_schemes
+from runner.config import Config, ConfigError
+from runner.model.lm import DecoderOnlyLM
+from runner.train.schedule import lr_at
+
+VOCAB = 23
+
+
+def lm_config(placement="pre", layers=3, init="xavier", **model) -> Config:
+    cfg = Config()
+    cfg.task = "lm"
+    cfg.data.name = "shakespeare_char"
+    cfg.model.dim, cfg.model.ffn_dim, cfg.model.heads, cfg.model.layers = 32, 64, 4, layers
+    cfg.model.max_positions, cfg.model.dropout = 16, 0.0
+    for key, value in model.items():
+        setattr(cfg.model, key, value)
+    cfg.norm.placement = placement
+    cfg.init.name = init
+    return cfg
+
+
+def built(cfg: Config, seed: int = 0) -> DecoderOnlyLM:
+    torch.manual_seed(seed)
+    model = DecoderOnlyLM(cfg.model, cfg.norm, VOCAB, init_schemes.residual_spec(cfg))
+    init_schemes.apply(model, cfg)
+    return model.eval()
+
+
+@pytest.mark.parametrize("placement", ["post", "pre", "sandwich", "b2t", "resi_dual", "mix", "peri", "none"])
+def test_no_position_sees_a_later_token(placement):
+    model = built(lm_config(placement))
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    changed = tokens.clone()
+    changed[:, 7] = (changed[:, 7] + 1) % VOCAB
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    assert torch.equal(a[:, :7], b[:, :7])  # positions before the change are untouched
+    assert not torch.allclose(a[:, 7:], b[:, 7:])  # and the change is seen from there on
+
+
+def test_one_stack_of_self_attention_and_ffn_branches():
+    model = built(lm_config(layers=3))
+    refs = list(model.sublayers())
+    assert [(r.side, r.layer, r.kind) for r in refs] == [
+        ("decoder", i, kind) for i in range(3) for kind in ("self_attn", "ffn")]
+    tables = model.embedding_tables()
+    assert tables["decoder"] is tables["output"]  # tied, as nanoGPT ties wte and lm_head
+
+
+def test_learned_positions_are_a_parameter_and_sinusoidal_ones_are_not():
+    learned = built(lm_config(positions="learned"))
+    fixed = built(lm_config())
+    assert "decoder.embedder.position_table.weight" in learned.state_dict()
+    assert not any("position" in k for k in fixed.state_dict())
+    assert learned.embedding_tables()["positions"].shape == (16, 32)
+
+
+def test_greedy_sampling_follows_the_forward_pass():
+    model = built(lm_config())
+    prompt = torch.tensor([[1, 2, 3]])
+    out = model.generate(prompt, 5, temperature=0.0)
+    assert out.shape == (1, 8) and torch.equal(out[:, :3], prompt)
+    with torch.no_grad():
+        for t in range(3, 8):
+            assert out[0, t] == model(out[:, :t])[0, -1].argmax()
+    top1 = model.generate(prompt, 5, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(top1, out)  # top_k=1 leaves only the most likely token
+
+
+def test_gpt2_init_draws_nanogpt_stds():
+    layers = 3
+    model = built(lm_config(init="gpt2", layers=layers, dim=256, ffn_dim=1024, heads=4))
+    residual_std = 0.02 / math.sqrt(2 * layers)  # nanoGPT model.py: 0.02/math.sqrt(2 * n_layer)
+    for ref in model.sublayers():
+        if ref.kind == "ffn":
+            plain, writer = ref.module.branch.fc1, ref.module.branch.fc2
+        else:
+            plain, writer = ref.module.branch.q_proj, ref.module.branch.out_proj
+        assert plain.weight.std().item() == pytest.approx(0.02, rel=0.03)
+        assert writer.weight.std().item() == pytest.approx(residual_std, rel=0.03)
+        assert writer.weight.mean().abs().item() < 0.1 * residual_std
+        assert torch.count_nonzero(plain.bias) == 0
+    assert model.embedding_tables()["decoder"].std().item() == pytest.approx(0.02, rel=0.03)
+
+
+def test_deepnorm_uses_the_decoder_only_constants():
+    layers = 4
+    model = built(lm_config("post", layers=layers, init="deepnorm", dim=256, ffn_dim=1024))
+    alpha, beta = (2 * layers) ** 0.25, (8 * layers) ** -0.25  # DeepNet Table 1, decoder-only row
+    for ref in model.sublayers():
+        assert torch.allclose(ref.module.omega, torch.full_like(ref.module.omega, alpha))
+        fc2 = ref.module.branch.fc2 if ref.kind == "ffn" else ref.module.branch.v_proj
+        fan_in, fan_out = fc2.weight.shape[1], fc2.weight.shape[0]
+        xavier_normal_std = beta * math.sqrt(2.0 / (fan_in + fan_out))
+        assert fc2.weight.std().item() == pytest.approx(xavier_normal_std, rel=0.03)
+
+
+@pytest.mark.parametrize("scheme", ["tfixup", "admin", "admin_torch", "lipschitz"])
+def test_schemes_without_a_decoder_only_rule_refuse_the_task(scheme):
+    cfg = lm_config("post", init=scheme)
+    with pytest.raises(ConfigError) as err:
+        init_schemes.check_requirements(cfg)
+    message = str(err.value)
+    assert message.startswith(f"init={scheme} has no rule for task=lm: ") and "\n" not in message
+
+
+def test_cosine_schedule_is_nanogpts():
+    cfg = Config()
+    cfg.optim.lr, cfg.schedule.name, cfg.schedule.min_lr = 1e-3, "cosine", 1e-4
+    cfg.warmup.updates, cfg.trainer.max_updates = 100, 2000
+
+    def nanogpt(it, lr=1e-3, min_lr=1e-4, warmup=100, decay_iters=2000):
+        ratio = (it - warmup) / (decay_iters - warmup)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+    assert lr_at(50, cfg) == pytest.approx(1e-3 * 50 / 100)  # linear warmup from 0
+    for step in (100, 550, 1050, 1999, 2000):
+        assert lr_at(step, cfg) == pytest.approx(nanogpt(step), rel=1e-12)
+    assert lr_at(1050, cfg) == pytest.approx((1e-3 + 1e-4) / 2)
+    assert lr_at(2500, cfg) == pytest.approx(1e-4)  # after the decay: min_lr
