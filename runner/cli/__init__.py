@@ -3,10 +3,11 @@
     deepinit train [overrides]      one run (Hydra); `deepinit [overrides]` is the same
     deepinit -m [overrides]         a sweep (Hydra multirun; launchers in conf/hydra/launcher)
     deepinit eval RUN_DIR ...       decode and score a finished run
+    deepinit sample RUN_DIR ...     text from a language model run (task=lm)
     deepinit report SWEEP_DIR       tables and plots of a sweep
     deepinit sweep status SWEEP_DIR each cell's status (queued, running, ok, failed, ...)
     deepinit analyze WHAT ...       the papers' diagnostic figures
-    deepinit data download NAME     fetch a corpus (multi30k, iwslt14, wmt14-en-de)
+    deepinit data download NAME     fetch a corpus (multi30k, iwslt14, wmt14-en-de, tinyshakespeare)
     deepinit data prepare NAME ...  prepare a corpus (downloading it first without --raw)
     deepinit bench ...              throughput benchmark
     deepinit reproduce TARGET ...   a paper's table (what `make reproduce-TARGET` runs)
@@ -34,6 +35,7 @@ VERBS = {
     "data": "runner.cli.data",
     "bench": "runner.cli.bench",
     "reproduce": "runner.cli.reproduce",
+    "sample": "runner.cli.sample",
 }
 
 

@@ -104,14 +104,15 @@ def load_shakespeare_char(data_cfg) -> LMData:
 
 
 def training_block_offsets(split_length: int, block_size: int, batch_size: int, seed: int,
-                           update: int) -> np.ndarray:
+                           update: int, stream: int = 0) -> np.ndarray:
     """The start offsets of update `update`'s blocks: uniform in [0, n - block - 1], a pure
-    function of (seed, update) so that resuming draws the same batches."""
+    function of (seed, update, stream) so that resuming draws the same batches; `stream` tells
+    apart the micro-batches and DDP ranks of one update."""
     high = split_length - block_size - 1
     if high <= 0:
         raise CorpusError(f"a training split of {split_length} tokens is shorter than "
                           f"data.block_size + 1 = {block_size + 1}")
-    rng = np.random.default_rng([seed, update])
+    rng = np.random.default_rng([seed, update, stream])
     return rng.integers(0, high + 1, size=batch_size)
 
 
@@ -123,8 +124,8 @@ def blocks_at(ids: np.ndarray, offsets: np.ndarray, block_size: int) -> tuple[to
 
 
 def training_batch(ids: np.ndarray, block_size: int, batch_size: int, seed: int,
-                   update: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return blocks_at(ids, training_block_offsets(len(ids), block_size, batch_size, seed, update),
+                   update: int, stream: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return blocks_at(ids, training_block_offsets(len(ids), block_size, batch_size, seed, update, stream),
                      block_size)
 
 

@@ -17,9 +17,12 @@ from torch.nn.parallel import DistributedDataParallel
 from runner import init as init_schemes
 from runner.config import Config, ConfigError, validate
 from runner.console import log
-from runner.data import build_data
+from runner.data import build_data, build_lm_data
+from runner.data import lm as lm_data
 from runner.data.batching import Batch, collate, filter_by_length, make_batches
 from runner.data.dataset import TokenizedSplit, TranslationData, unigram_nll
+from runner.data.lm import LMData
+from runner.model.lm import DecoderOnlyLM
 from runner.model.seq2seq import Seq2Seq, build_model
 from runner.train.optim import build_optimizer
 
@@ -50,6 +53,11 @@ def resolve_precision(name: str, device: torch.device) -> str:
 def model_for(cfg: Config, src_vocab: int, tgt_vocab: int, pad_index: int) -> Seq2Seq:
     """The model with the residual scales the init scheme trains (weights not yet initialized)."""
     return build_model(cfg, src_vocab, tgt_vocab, pad_index, init_schemes.residual_spec(cfg))
+
+
+def lm_model_for(cfg: Config, vocab: int) -> DecoderOnlyLM:
+    """task=lm's model with the residual scales the init scheme trains (weights not yet initialized)."""
+    return DecoderOnlyLM(cfg.model, cfg.norm, vocab, init_schemes.residual_spec(cfg))
 
 
 def training_batches(cfg: Config, split: TokenizedSplit) -> tuple[list[np.ndarray], int]:
@@ -103,12 +111,17 @@ class RunParts:
     init_report: Optional[dict] = None  # None when the weights come from a checkpoint
 
     @property
-    def pad(self) -> int:
-        return self.data.tgt_dict.pad_index
+    def task(self) -> str:
+        return self.cfg.task
 
     @property
-    def eos(self) -> int:
-        return self.data.tgt_dict.eos_index
+    def pad(self) -> Optional[int]:
+        """The padding id (None for task=lm: blocks of running text have none)."""
+        return None if isinstance(self.data, LMData) else self.data.tgt_dict.pad_index
+
+    @property
+    def eos(self) -> Optional[int]:
+        return None if isinstance(self.data, LMData) else self.data.tgt_dict.eos_index
 
     @property
     def parameters(self) -> int:
@@ -139,6 +152,8 @@ def build_run(cfg: Config, initialize: bool = True,
         torch.set_num_threads(t.threads)
     device, world, rank = init_distributed(resolve_device(t.device))
     precision = resolve_precision(t.precision, device)
+    if cfg.task == "lm":
+        return build_lm_run(cfg, initialize, device, world, rank, precision)
 
     data = build_data(cfg.data) if data is None else data
     train = data.splits[cfg.data.train_split]
@@ -172,6 +187,39 @@ def build_run(cfg: Config, initialize: bool = True,
         valid_unigram_nll=unigram_nll(train, valid, len(data.tgt_dict)), data_stats=stats,
         model=model, forward=forward, optimizer=optimizer,
         unpad=t.unpad if t.unpad is not None else device.type == "cpu",
+        update_hook=init_schemes.update_hook(cfg), started=started, init_report=report)
+
+
+def build_lm_run(cfg: Config, initialize: bool, device: torch.device, world: int, rank: int,
+                 precision: str) -> RunParts:
+    """task=lm: the text corpus, the decoder-only model and the init scheme on update 0's blocks."""
+    t, d = cfg.trainer, cfg.data
+    data = build_lm_data(d)
+    train, valid = data.splits[d.train_split], data.splits[d.valid_split]
+    valid_batches = lm_data.validation_batches(valid, d.block_size, d.batch_size, t.valid_max_batches)
+    stats = {**data.stats, "block_size": d.block_size, "batch_size": d.batch_size,
+             "valid_blocks": sum(len(x) for x, _ in valid_batches)}
+    started = time.time()
+    torch.manual_seed(t.seed)
+    model = lm_model_for(cfg, len(data))
+    report = None
+    if initialize:
+        first = lm_data.training_batch(train, d.block_size, d.batch_size, t.seed, 0)
+        report = init_schemes.apply(model, cfg, first)
+    model.to(device).select_kernels(device.type)
+    optimizer = build_optimizer(model.parameters(), cfg, device.type,
+                                init_schemes.param_groups(model, cfg))
+    forward: nn.Module = model
+    if world > 1:
+        forward = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    if t.compile:
+        forward = compiled(forward)
+    return RunParts(
+        cfg=cfg, device=device, precision=precision, world=world, rank=rank, data=data,
+        train_split=train, batches=[], valid_split=valid, valid_batches=valid_batches,
+        valid_unigram_nll=lm_data.unigram_nll(train, valid, len(data)), data_stats=stats,
+        model=model, forward=forward, optimizer=optimizer, unpad=False,
         update_hook=init_schemes.update_hook(cfg), started=started, init_report=report)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -27,7 +28,9 @@ from runner.console import Overview, console, file_log, log, overview_text, prin
 from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import final_scores, split_bleu
+from runner.run.sample import save_vocab
 from runner.run.telemetry import Telemetry
+from runner.train.lm_loop import LMTrainer
 from runner.train.loop import Callback, Outcome, Stopped, Trainer
 
 
@@ -130,6 +133,8 @@ def overview(parts: RunParts, run_dir: Path, env: dict, trackers: list,
     cfg, d = parts.cfg, parts.data
     m = cfg.model
     stats = parts.data_stats
+    if cfg.task == "lm":
+        return lm_overview(parts, run_dir, env, trackers, resumed_at)
     test = d.splits.get(cfg.data.test_split)
     pairs = (f"{stats['train_pairs']:,} train / {stats['valid_pairs']:,} valid"
              + (f" / {len(test):,} test" if test is not None else "") + " pairs")
@@ -137,12 +142,7 @@ def overview(parts: RunParts, run_dir: Path, env: dict, trackers: list,
         pairs += f" ({stats['train_filtered']:,} too long left out)"
     vocab = (f"vocab {len(d.src_dict):,} joined" if d.src_dict is d.tgt_dict
              else f"vocab {len(d.src_dict):,} src / {len(d.tgt_dict):,} tgt")
-    device = f"{parts.device} ({env.get('device_name') or '?'}), {parts.precision}"
-    if parts.device.type == "cpu":
-        threads = torch.get_num_threads()
-        device += f", {threads} thread{'s' if threads != 1 else ''}"
-    if parts.world > 1:
-        device += f", {parts.world} processes"
+    device = device_line(parts, env)
     updates = f"{cfg.trainer.max_updates:,} updates"
     if resumed_at is not None:
         updates += f", resuming at {resumed_at:,}"
@@ -235,15 +235,17 @@ def train(cfg, run_dir: Path) -> dict:
         telemetry = Telemetry(parts.model, cfg.trainer.telemetry_interval, parts.pad,
                               fp16=parts.precision == "fp16")
         callbacks.append(telemetry)
-    trainer = Trainer(parts, callbacks)
+    trainer = (LMTrainer if cfg.task == "lm" else Trainer)(parts, callbacks)
     if resume:
         trainer.load_state_dict(folder.load_checkpoint(last, map_location=parts.device))
         log.info("resumed from %s at update %d", last, trainer.state.step)
     elif main:
         folder.write_json(run_dir / "init.json", parts.init_report)
-        # The vocabularies the model is trained on: eval checks its rebuilt data against them.
-        parts.data.src_dict.save(run_dir / "dict.src.txt")
-        parts.data.tgt_dict.save(run_dir / "dict.tgt.txt")
+        if cfg.task == "lm":  # the vocabulary `deepinit sample` decodes with
+            save_vocab(run_dir, parts.data.vocab, parts.data.unit)
+        else:  # the vocabularies the model is trained on: eval checks its rebuilt data against them
+            parts.data.src_dict.save(run_dir / "dict.src.txt")
+            parts.data.tgt_dict.save(run_dir / "dict.tgt.txt")
     metrics = None
     if main:
         env = folder.environment(parts.device, parts.precision)
@@ -269,6 +271,9 @@ def train(cfg, run_dir: Path) -> dict:
         raise
     result = result_record(parts, trainer, outcome, resume)
     result["world_size"] = parts.world
+    if cfg.task == "lm":  # the NLL in bits per character (runner/train/lm_loop.py)
+        for key, nll in (("valid_bpc", result["valid_nll_loss"]), ("best_valid_bpc", result["best_valid_nll"])):
+            result[key] = None if nll is None else nll / math.log(2.0)
     if telemetry is not None:  # where the first nan/inf appeared (docs/training.md "Telemetry")
         result["first_nonfinite"] = telemetry.first_nonfinite()
         telemetry.remove()
@@ -296,9 +301,45 @@ def train(cfg, run_dir: Path) -> dict:
     return result
 
 
+def device_line(parts: RunParts, env: dict) -> str:
+    device = f"{parts.device} ({env.get('device_name') or '?'}), {parts.precision}"
+    if parts.device.type == "cpu":
+        threads = torch.get_num_threads()
+        device += f", {threads} thread{'s' if threads != 1 else ''}"
+    if parts.world > 1:
+        device += f", {parts.world} processes"
+    return device
+
+
+def lm_overview(parts: RunParts, run_dir: Path, env: dict, trackers: list,
+                resumed_at: Optional[int]) -> list[tuple[str, str]]:
+    """The start summary of a task=lm run."""
+    cfg, stats, m = parts.cfg, parts.data_stats, parts.cfg.model
+    updates = f"{cfg.trainer.max_updates:,} updates of {cfg.data.batch_size} x {cfg.data.block_size} tokens"
+    if resumed_at is not None:
+        updates += f", resuming at {resumed_at:,}"
+    return [
+        ("model", f"{parts.parameters:,} parameters: decoder-only, {m.num_decoder_layers} layers, "
+                  f"dim {m.dim}, {m.heads} heads; norm={cfg.norm.placement} init={cfg.init.name} "
+                  f"optim={cfg.optim.name} lr={cfg.optim.lr:g}"),
+        ("data", f"{cfg.data.name}: {stats['train_tokens']:,} train / {stats['valid_tokens']:,} valid "
+                 f"tokens ({parts.data.unit}s); vocab {len(parts.data):,}"),
+        ("device", device_line(parts, env)),
+        ("training", updates),
+        ("logging", ", ".join(["metrics.jsonl", *(t.name for t in trackers)])
+                    + " (full config: train.log, .hydra/config.yaml)"),
+        ("run folder", str(run_dir)),
+    ]
+
+
 def end_notes(parts: RunParts, run_dir: Path, result: dict) -> list[str]:
-    """Lines after the end-of-run summary: how to get the BLEU the run did not compute."""
+    """Lines after the end-of-run summary: how to get the BLEU the run did not compute (a
+    language model: how to sample from it)."""
     cfg = parts.cfg
+    if cfg.task == "lm":
+        return ([f"bits per character: {result['valid_bpc']:.3f} (best {result['best_valid_bpc']:.3f}); "
+                 f"sample from it with: deepinit sample {run_dir}"]
+                if result.get("valid_bpc") is not None else [])
     if (result.get("bleu") is None and result["status"] == "ok"
             and cfg.data.test_split in parts.data.splits):
         why = ("it failed, see train.log" if result.get("bleu_error") else

@@ -245,10 +245,19 @@ class Trainer:
                                          self.world, self.rank, self.parts.pad, self.parts.eos, self.device)
         return batches, tokens
 
+    def micro_batch_loss(self, forward, batch: Batch, unpad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(label-smoothed loss, NLL), each summed over the micro-batch's target tokens. The
+        logits are not kept: autograd keeps what it needs, and the logits themselves would add
+        B*T*V to the peak."""
+        with self.autocast():
+            logits = forward(batch.src_tokens, batch.prev_tokens, batch.src_has_pad, unpad=unpad)
+        target = batch.real_target if unpad else batch.target
+        return label_smoothed_nll(logits, target, self.cfg.trainer.label_smoothing, self.parts.pad)
+
     def step(self) -> StepOutput:
         """One optimizer update: lr from the schedule, forward/backward of the update's
         micro-batches, clipping, the optimizer step and the init scheme's per-update hook."""
-        t, unpad, forward = self.cfg.trainer, self.parts.unpad, self.parts.forward
+        unpad, forward = self.parts.unpad, self.parts.forward
         self._callbacks("on_step_start")
         lr = lr_at(self.state.step, self.cfg)
         set_lr(self.optimizer, lr)
@@ -260,12 +269,7 @@ class Trainer:
             # sum(loss)/ntokens over the global batch, as in one process.
             sync = self.world == 1 or i == len(batches) - 1
             with nullcontext() if sync else forward.no_sync():
-                with self.autocast():
-                    logits = forward(batch.src_tokens, batch.prev_tokens, batch.src_has_pad,
-                                     unpad=unpad)
-                target = batch.real_target if unpad else batch.target
-                loss, nll = label_smoothed_nll(logits, target, t.label_smoothing, self.parts.pad)
-                del logits  # autograd keeps what it needs; the logits themselves would add B*T*V to the peak
+                loss, nll = self.micro_batch_loss(forward, batch, unpad)
                 self.scaler.scale(loss * (self.world / ntokens)).backward()
             loss_sum += loss.detach()
             nll_parts.append(nll.detach())
