@@ -32,11 +32,12 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from runner.bench import CUDA_BF16_PEAK_TFLOPS, train_flops
 from runner.config import Config, ModelConfig, TrainerConfig
 from runner.console import format_duration
+from runner.model.flops import train_flops
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import wait_interruptibly
+from runner.run.hardware import CUDA_BF16_PEAK_TFLOPS
 from runner.sweep.cells import FINISHED, signal_of
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
@@ -687,7 +688,7 @@ def refresh_all_schemes() -> None:
 # ----------------------------------------------------------------------------- paper-scale cost
 # GPU-hours of SCALE=paper on one H100 (docs/reproductions.md), estimated from model FLOPs until a
 # GPU has run the cells: per cell, max_updates x FLOPs per update / (peak x utilization). FLOPs
-# per update = runner/bench train_flops per target token (3x the forward, attention included)
+# per update = runner/model/flops.py train_flops per target token (3x the forward, attention included)
 # x the tokens of an update, taken as data.max_tokens x update_freq x devices (max_tokens counts
 # the longer side with padding, which a GPU computes too). Mean lengths and vocabularies: the
 # fairseq-preprocess logs of the two corpora (eos included).
