@@ -313,14 +313,16 @@ def _json_numbers(value) -> Iterable[Num]:
 
 def render_report(target: str) -> str:
     """results/<target>/real/report.md as the code renders it from the records now."""
-    from runner.tables import reproduce, suite
+    from runner.tables import reproduce
+    from runner.tables.combined import render_combined
+    from runner.tables.report import render
 
     if target == reproduce.ALL_SCHEMES:
-        return suite.render_combined(reproduce.ALL_SCHEMES_TITLE, reproduce.ALL_SCHEMES_INTRO,
-                                     reproduce.all_schemes_sections(), reproduce.ALL_SCHEMES_BASELINE)
+        return render_combined(reproduce.ALL_SCHEMES_TITLE, reproduce.ALL_SCHEMES_INTRO,
+                               reproduce.all_schemes_sections(), reproduce.ALL_SCHEMES_BASELINE)
     spec = reproduce.TARGETS[target]
     real = reproduce.real_suite(spec)
-    return suite.render(target, spec.title, real.part.preset, real.cells)
+    return render(target, spec.title, real.part.preset, real.cells)
 
 
 def render_last_checkpoint_table(target: str) -> str:

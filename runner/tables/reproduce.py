@@ -49,9 +49,10 @@ from runner.sweep.report import (
     plot_heatmaps,
     read_cell,
 )
-from runner.tables import suite
+from runner.tables import combined, pool, suite
 from runner.tables.evidence import selector_matches
 from runner.tables.records import Records, cell_key, results_root
+from runner.tables.report import write_report
 
 REPO = Path(__file__).resolve().parents[2]
 # cpu: the toy smoke tier; real: Multi30k on CPU, gpu: Multi30k at the papers' model size on one GPU
@@ -659,15 +660,15 @@ def all_schemes_cells(source: TableSource) -> list:
             if selector_matches(c.arm, source.select) and c.seed in ALL_SCHEMES_SEEDS]
 
 
-def all_schemes_sections() -> list[tuple[str, list[suite.TableRows]]]:
-    return [(heading, [suite.TableRows(source.target, all_schemes_cells(source), tuple(source.select), source.note)
+def all_schemes_sections() -> list[tuple[str, list[combined.TableRows]]]:
+    return [(heading, [combined.TableRows(source.target, all_schemes_cells(source), tuple(source.select), source.note)
                        for source in sources])
             for heading, sources in ALL_SCHEMES_SECTIONS.items()]
 
 
 def write_all_schemes() -> Path:
     """results/all-schemes/real/report.md from the records of the suites it gathers."""
-    return suite.write_combined(ALL_SCHEMES, ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, all_schemes_sections(),
+    return combined.write_combined(ALL_SCHEMES, ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, all_schemes_sections(),
                                 ALL_SCHEMES_BASELINE)
 
 
@@ -921,14 +922,14 @@ def run_real(target: Target, args, tier: str = "real") -> int:
 
     def report(_group: str = "") -> Path:
         suite.attach_records(shown, records)
-        path = suite.write_report(target.name, target.title, part.preset, shown, tier,
+        path = write_report(target.name, target.title, part.preset, shown, tier,
                                   out=work if variant else None)
         if tier == "real" and not variant and feeds_all_schemes(target.name):
             refresh_all_schemes()
         return path
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
-    crashed = 0 if args.table_only else suite.run_cells(cells, work, records, parallel, report)
+    crashed = 0 if args.table_only else pool.run_cells(cells, work, records, parallel, report)
     path = report()
     print()
     print(path.read_text())
@@ -963,7 +964,7 @@ def run_all_real(args) -> int:
     for name in names:
         real = plans[name] = real_suite(TARGETS[name])
         todo, work = real.todo, sweep_dir_for(args.out.resolve(), name, "real")
-        jobs += [suite.Job(cell, work, real.records, name) for cell in todo]
+        jobs += [pool.Job(cell, work, real.records, name) for cell in todo]
         costs += [real.minutes * 60] * len(todo)
         print(f"  {name:24s} {len(real.cells) - len(todo):3d} of {len(real.cells):3d} cells have a record; "
               f"{len(todo)} to train (~{real.minutes:.0f} min each)")
@@ -974,12 +975,12 @@ def run_all_real(args) -> int:
 
     def report(name: str, with_all_schemes: bool = True) -> Path:
         real = plans[name]
-        path = suite.write_report(name, real.target.title, real.part.preset, real.cells)
+        path = write_report(name, real.target.title, real.part.preset, real.cells)
         if with_all_schemes and feeds_all_schemes(name):
             refresh_all_schemes()
         return path
 
-    crashed = 0 if args.table_only else suite.run_jobs(jobs, parallel, report)
+    crashed = 0 if args.table_only else pool.run_jobs(jobs, parallel, report)
     for name in plans:  # every report, finished or not, from the records as they are now
         print(f"{name}: report written to {report(name, with_all_schemes=False)}")
     if any(feeds_all_schemes(name) for name in plans):
@@ -1074,7 +1075,7 @@ def run(args) -> int:
                   "takes no --scale but real and no overrides", file=sys.stderr)
             return 2
         if args.dry_run:  # the page as it would be written; nothing is written
-            print(suite.render_combined(ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, all_schemes_sections(),
+            print(combined.render_combined(ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, all_schemes_sections(),
                                         ALL_SCHEMES_BASELINE))
             return 0
         path = write_all_schemes()
@@ -1161,7 +1162,7 @@ def run(args) -> int:
                 # them (within its stop_grace_s of 10 s); a SIGTERM (`kill PID`) reached only
                 # this process, so the launcher is told at once.
                 ctrl_c = isinstance(exc, KeyboardInterrupt) and signal_of(exc) == signal.SIGINT
-                suite.stop_cells([proc], settle_s=15.0 if ctrl_c else 0.0)
+                pool.stop_cells([proc], settle_s=15.0 if ctrl_c else 0.0)
                 raise
             if proc.returncode:
                 print(f"deepinit -m exited with {proc.returncode} (cells' train.log files say why)",
