@@ -9,10 +9,11 @@ import json
 import os
 
 from runner.cli.compose import compose
-from runner.tables import reproduce as rp
 from runner.tables import suite
+from runner.tables.all_schemes import ALL_SCHEMES_SECTIONS, all_schemes_cells
 from runner.tables.combined import TableRows, render_combined
 from runner.tables.report import arms_of
+from runner.tables.targets import TARGETS
 from tests.conftest import run_cli
 
 
@@ -45,10 +46,10 @@ def test_every_row_of_a_section_trains_the_same_recipe_but_the_options_its_metho
     # temperature for the data (conf/method/qk_norm.yaml says how), so its value is the preset's
     free = {"trainer.seed", "model.qk_norm_temperature"}
     checked = 0
-    for heading, sources in rp.ALL_SCHEMES_SECTIONS.items():
+    for heading, sources in ALL_SCHEMES_SECTIONS.items():
         reference = None
         for source in sources:
-            cells = rp.all_schemes_cells(source)  # what the table shows
+            cells = all_schemes_cells(source)  # what the table shows
             assert cells, (heading, source.target)
             assert {c.seed for c in cells} == {1, 2, 3}, (heading, source.target)  # the same seeds
             for arm, members in arms_of(cells).items():
@@ -68,8 +69,8 @@ def test_every_row_of_a_section_trains_the_same_recipe_but_the_options_its_metho
 
 
 def test_the_sections_differ_in_warmup_only():
-    without, with_ = rp.ALL_SCHEMES_SECTIONS.values()
-    pre = {name: _config(next(c for c in suite.plan(rp.TARGETS["table2"].parts["real"][0].preset)
+    without, with_ = ALL_SCHEMES_SECTIONS.values()
+    pre = {name: _config(next(c for c in suite.plan(TARGETS["table2"].parts["real"][0].preset)
                               if c.arm == {"method": "pre_ln", "warmup.updates": updates}).overrides)
            for name, updates in (("without", "0"), ("with", "500"))}
     assert pre["without"]["warmup.updates"] == 0 and pre["with"]["warmup.updates"] == 500
@@ -144,7 +145,7 @@ def test_the_command_writes_the_table_from_records_and_trains_nothing(tmp_path):
     suites = run_cli(["reproduce", "all-schemes", "--suites", "table2"], tmp_path, env=env)
     assert suites.returncode == 2 and "--suites" in suites.stderr
     listed = run_cli(["reproduce", "list"], tmp_path, env=env).stdout.splitlines()
-    assert [line.split()[0] for line in listed] == [*rp.TARGETS, "all-schemes"]
+    assert [line.split()[0] for line in listed] == [*TARGETS, "all-schemes"]
     assert len({line.index(line.split()[1]) for line in listed}) == 1  # one column for the titles
 
 

@@ -377,9 +377,9 @@ def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_pa
 
 
 def test_gpu_tier_without_a_gpu_says_so_in_one_line(tmp_path):
-    from runner.tables import reproduce
+    from runner.tables.plan import gpu_visible
 
-    if reproduce.gpu_visible():
+    if gpu_visible():
         pytest.skip("a GPU is visible: the tier runs")
     proc = run_cli(["reproduce", "table2", "--scale", "gpu", "--out", str(tmp_path)], cwd=REPO, timeout=120)
     assert proc.returncode == 2
@@ -467,10 +467,10 @@ def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
 
 
 def test_all_real_suites_are_in_the_pool_order():
-    from runner.tables import reproduce as rp
+    from runner.tables.targets import REAL_SUITE_ORDER, TARGETS
 
-    real = [name for name, t in rp.TARGETS.items() if "real" in t.parts]
-    assert sorted(rp.REAL_SUITE_ORDER) == sorted(real) and len(set(rp.REAL_SUITE_ORDER)) == len(real)
+    real = [name for name, t in TARGETS.items() if "real" in t.parts]
+    assert sorted(REAL_SUITE_ORDER) == sorted(real) and len(set(REAL_SUITE_ORDER)) == len(real)
 
 
 @pytest.mark.slow

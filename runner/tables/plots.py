@@ -213,4 +213,3 @@ def plot_transfer(preset: str, cells: Sequence[SuiteCell], path: Path) -> Option
         if ax is axes[0][0] or not one_metric:
             ax.set_ylabel(f"{panel['metric']} (mean of ok seeds)")
     return _save(plt, fig, path)
-

@@ -162,4 +162,3 @@ class _Pool:
                 progress.advance(task)
                 progress.update(task, now=self._now())
         return crashed
-

@@ -197,4 +197,3 @@ def verdicts(preset: str, cells: Sequence[SuiteCell], version: int = CURRENT) ->
                               {**verdict.details, "provisional_verdict": verdict.verdict})
         out.append(verdict)
     return out
-
