@@ -3,7 +3,7 @@
 committed records at test time.
 
 Sources. `results/<target>/real/report.md` is rendered from `records.jsonl` by the suite's own
-renderer (runner/tables/suite.py, as `deepinit reproduce` writes it; all-schemes by render_combined),
+renderer (runner/tables/report.py, as `deepinit reproduce` writes it; all-schemes by render_combined),
 `last-checkpoint-bleu.md` by results/last_checkpoint_bleu.py's write_table from its jsonl; a
 `.json`/`.jsonl` file is read for its values at full precision; any other file (a hand-written
 measurement report) is taken as committed.
@@ -313,14 +313,23 @@ def _json_numbers(value) -> Iterable[Num]:
 
 def render_report(target: str) -> str:
     """results/<target>/real/report.md as the code renders it from the records now."""
-    from runner.tables import reproduce, suite
+    from runner.tables.all_schemes import (
+        ALL_SCHEMES,
+        ALL_SCHEMES_BASELINE,
+        ALL_SCHEMES_INTRO,
+        ALL_SCHEMES_TITLE,
+        all_schemes_sections,
+    )
+    from runner.tables.combined import render_combined
+    from runner.tables.plan import real_suite
+    from runner.tables.report import render
+    from runner.tables.targets import TARGETS
 
-    if target == reproduce.ALL_SCHEMES:
-        return suite.render_combined(reproduce.ALL_SCHEMES_TITLE, reproduce.ALL_SCHEMES_INTRO,
-                                     reproduce.all_schemes_sections(), reproduce.ALL_SCHEMES_BASELINE)
-    spec = reproduce.TARGETS[target]
-    real = reproduce.real_suite(spec)
-    return suite.render(target, spec.title, real.part.preset, real.cells)
+    if target == ALL_SCHEMES:
+        return render_combined(ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, all_schemes_sections(), ALL_SCHEMES_BASELINE)
+    spec = TARGETS[target]
+    real = real_suite(spec)
+    return render(target, spec.title, real.part.preset, real.cells)
 
 
 def render_last_checkpoint_table(target: str) -> str:

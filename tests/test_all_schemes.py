@@ -9,8 +9,11 @@ import json
 import os
 
 from runner.cli.compose import compose
-from runner.tables import reproduce as rp
 from runner.tables import suite
+from runner.tables.all_schemes import ALL_SCHEMES_SECTIONS, all_schemes_cells
+from runner.tables.combined import TableRows, render_combined
+from runner.tables.report import arms_of
+from runner.tables.targets import TARGETS
 from tests.conftest import run_cli
 
 
@@ -43,13 +46,13 @@ def test_every_row_of_a_section_trains_the_same_recipe_but_the_options_its_metho
     # temperature for the data (conf/method/qk_norm.yaml says how), so its value is the preset's
     free = {"trainer.seed", "model.qk_norm_temperature"}
     checked = 0
-    for heading, sources in rp.ALL_SCHEMES_SECTIONS.items():
+    for heading, sources in ALL_SCHEMES_SECTIONS.items():
         reference = None
         for source in sources:
-            cells = rp.all_schemes_cells(source)  # what the table shows
+            cells = all_schemes_cells(source)  # what the table shows
             assert cells, (heading, source.target)
             assert {c.seed for c in cells} == {1, 2, 3}, (heading, source.target)  # the same seeds
-            for arm, members in suite.arms_of(cells).items():
+            for arm, members in arms_of(cells).items():
                 cfg = _config(members[0].overrides)
                 if reference is None:  # the section's first arm: Table 2's Post-LN
                     reference = cfg
@@ -66,8 +69,8 @@ def test_every_row_of_a_section_trains_the_same_recipe_but_the_options_its_metho
 
 
 def test_the_sections_differ_in_warmup_only():
-    without, with_ = rp.ALL_SCHEMES_SECTIONS.values()
-    pre = {name: _config(next(c for c in suite.plan(rp.TARGETS["table2"].parts["real"][0].preset)
+    without, with_ = ALL_SCHEMES_SECTIONS.values()
+    pre = {name: _config(next(c for c in suite.plan(TARGETS["table2"].parts["real"][0].preset)
                               if c.arm == {"method": "pre_ln", "warmup.updates": updates}).overrides)
            for name, updates in (("without", "0"), ("with", "500"))}
     assert pre["without"]["warmup.updates"] == 0 and pre["with"]["warmup.updates"] == 500
@@ -89,8 +92,8 @@ def test_rows_sort_by_failed_share_then_mean_bleu_with_untrained_arms_last():
     c = [_cell({"method": "c"}, s, {"status": "diverged", "bleu": None, "best_valid_loss": None}) for s in (1, 2)]
     d = [_cell({"method": "d"}, 1)]
     e = [_cell({"method": "e"}, 1, _ok(40.0)), _cell({"method": "e"}, 2, {"status": "stalled", "bleu": 0.1})]
-    page = suite.render_combined("T", "intro", [("No warmup", [
-        suite.TableRows("s1", a, drop=("warmup.updates",)), suite.TableRows("s2", c + d + e + b, note="uses SGD")])])
+    page = render_combined("T", "intro", [("No warmup", [
+        TableRows("s1", a, drop=("warmup.updates",)), TableRows("s2", c + d + e + b, note="uses SGD")])])
     rows = [line for line in page.splitlines() if line.startswith("| method=")]
     # b and a trained every seed they have; e (best BLEU, one seed stalled) comes after them
     assert [r.split(" | ")[0] for r in rows] == ["| method=b", "| method=a", "| method=e", "| method=c", "| method=d"]
@@ -109,8 +112,8 @@ def test_each_row_is_compared_with_the_baseline_paired_by_seed_with_holm():
     base = [_cell({"method": "pre_ln"}, s, _ok(b)) for s, b in ((1, 30.0), (2, 31.0), (3, 32.5))]
     up = [_cell({"method": "x"}, s, _ok(b)) for s, b in ((1, 31.0), (2, 31.6), (3, 33.9))]
     down = [_cell({"method": "y"}, s, _ok(b)) for s, b in ((1, 29.0), (2, 30.5), (3, 31.0))]
-    part = suite.TableRows("t2", base + up + down)
-    page = suite.render_combined("T", "intro", [("S", [part])], baseline=("t2", {"method": "pre_ln"}))
+    part = TableRows("t2", base + up + down)
+    page = render_combined("T", "intro", [("S", [part])], baseline=("t2", {"method": "pre_ln"}))
     rows = {line.split(" | ")[0]: line for line in page.splitlines() if line.startswith("| method=")}
     assert rows["| method=pre_ln"].rstrip(" |").endswith("baseline")
     p_up = stats.ttest_rel([31.0, 31.6, 33.9], [30.0, 31.0, 32.5]).pvalue
@@ -142,7 +145,7 @@ def test_the_command_writes_the_table_from_records_and_trains_nothing(tmp_path):
     suites = run_cli(["reproduce", "all-schemes", "--suites", "table2"], tmp_path, env=env)
     assert suites.returncode == 2 and "--suites" in suites.stderr
     listed = run_cli(["reproduce", "list"], tmp_path, env=env).stdout.splitlines()
-    assert [line.split()[0] for line in listed] == [*rp.TARGETS, "all-schemes"]
+    assert [line.split()[0] for line in listed] == [*TARGETS, "all-schemes"]
     assert len({line.index(line.split()[1]) for line in listed}) == 1  # one column for the titles
 
 

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from runner.bench import fairseq_generate_batches, iwslt_dir, summarize_pair, train_flops, write_corpus
+from runner.bench.compare import summarize_pair
+from runner.bench.corpus import fairseq_generate_batches, iwslt_dir, write_corpus
 from runner.cli.bench import main as main_bench
+from runner.model.flops import train_flops
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +313,7 @@ def test_reference_model_learns_and_is_causal():
 
 
 def test_compile_both_plans_an_eager_and_a_compiled_entry():
-    from runner.bench import plan_entries, resolve_args
+    from runner.bench.entries import plan_entries, resolve_args
     from runner.cli.bench import parse_args
 
     args = parse_args(["--presets", "ci", "small", "--compile", "both", "--depths"])
@@ -329,7 +331,7 @@ def test_compile_both_plans_an_eager_and_a_compiled_entry():
 
 
 def test_gpu_presets_compose_to_their_shapes():
-    from runner.bench import PRESETS, RECIPE, SCHEDULE
+    from runner.bench.entries import PRESETS, RECIPE, SCHEDULE
     from tests.conftest import compose
 
     for name, (dim, ffn, heads, layers) in {"big": (1024, 4096, 16, 6), "base-18": (512, 2048, 8, 18)}.items():
@@ -341,7 +343,7 @@ def test_gpu_presets_compose_to_their_shapes():
 
 
 def test_tables_print_when_the_first_entry_failed(capsys):
-    from runner.bench import print_tables
+    from runner.bench.tables import print_tables
 
     report = {"peak": {"gflops": 100.0, "dtype": "fp32", "source": "measured"},
               "machine": {"device_name": "cpu", "threads": 1},
@@ -466,7 +468,7 @@ def test_sigint_during_a_bench_exits_130_with_one_line(tmp_path, started_with_si
 def test_an_interrupted_bench_keeps_the_entries_that_finished(tmp_path, monkeypatch, capsys):
     """A time limit that cuts a GPU call short must not lose the entries measured before it: the
     report is written after each entry and once more at the interrupt."""
-    import runner.bench as bench
+    from runner.bench import workers
 
     calls = []
 
@@ -476,7 +478,7 @@ def test_an_interrupted_bench_keeps_the_entries_that_finished(tmp_path, monkeypa
             raise KeyboardInterrupt
         return {"name": entry.name, "group": entry.group, "status": "failed", "error": "stand-in"}
 
-    monkeypatch.setattr(bench, "run_isolated", one_entry_then_interrupt)
+    monkeypatch.setattr(workers, "run_isolated", one_entry_then_interrupt)
     out = tmp_path / "b.json"
     code = main_bench(["--presets", "tiny", "ci", "--device", "cpu", "--threads", "1", "--depths",
                        "--out", str(out), "--work", str(tmp_path / "work")])
@@ -490,7 +492,7 @@ def test_an_interrupted_bench_keeps_the_entries_that_finished(tmp_path, monkeypa
 
 
 def test_gpu_peak_is_the_datasheet_row_of_the_whole_model_name():
-    from runner.bench import cuda_bf16_peak
+    from runner.run.hardware import cuda_bf16_peak
     expected = {"NVIDIA H100 80GB HBM3": ("H100", 989.4), "NVIDIA H100 PCIe": ("H100 PCIe", 756.0),
                 "NVIDIA H100 NVL": ("H100 NVL", 835.0), "NVIDIA H200": ("H200", 989.4),
                 "NVIDIA H200 NVL": ("H200 NVL", 835.0), "NVIDIA GH200 480GB": ("GH200", 989.4),
@@ -507,7 +509,7 @@ def test_dynamo_counts_tell_a_compiled_entry_from_an_eager_fallback():
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from runner.bench import dynamo_counts
+    from runner.bench.workers import dynamo_counts
 
     def with_a_break(x):
         y = x * 2
@@ -528,7 +530,7 @@ def test_dynamo_counts_flag_frames_that_fell_back_to_eager(monkeypatch):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from runner.bench import dynamo_counts, eager_fallback
+    from runner.bench.workers import dynamo_counts, eager_fallback
 
     def scale(x, n):
         return x * n
@@ -549,7 +551,7 @@ def test_dynamo_counts_flag_frames_that_fell_back_to_eager(monkeypatch):
 def test_an_interrupted_reference_comparison_keeps_its_finished_runs(tmp_path, monkeypatch):
     """--reference alternates deepinit and plain-PyTorch runs of one entry: a time limit in its
     fourth run keeps the three before it, the preset entry included."""
-    import runner.bench as bench
+    from runner.bench import workers
 
     calls = []
 
@@ -560,7 +562,7 @@ def test_an_interrupted_reference_comparison_keeps_its_finished_runs(tmp_path, m
         return {"name": entry.name, "group": entry.group, "kind": kind, "status": "failed",
                 "error": "stand-in", "tokens_per_s": 100.0 * len(calls)}
 
-    monkeypatch.setattr(bench, "run_isolated", three_runs_then_interrupt)
+    monkeypatch.setattr(workers, "run_isolated", three_runs_then_interrupt)
     out = tmp_path / "b.json"
     code = main_bench(["--presets", "tiny", "--reference", "--reps", "3", "--device", "cpu",
                        "--threads", "1", "--depths", "--out", str(out), "--work", str(tmp_path / "work")])

@@ -18,7 +18,7 @@ On an idle 2-core machine the file takes about 2 minutes (the 18+18 and 24+24 ce
 each, a third of that writing their 1.6-2.1 GB checkpoint_last.pt, which the test then deletes).
 
 Also here: the Lipschitz preset against its paper's recipe, the GPU-hour estimate of the
-paper-scale targets (runner/tables/reproduce.py paper_gpu_hours) against a hand computation, and the
+paper-scale targets (runner/tables/cost.py paper_gpu_hours) against a hand computation, and the
 deepest model of each SCALE=gpu preset trained for 2 updates on CPU.
 """
 from __future__ import annotations
@@ -34,11 +34,21 @@ from pathlib import Path
 import pytest
 
 from runner.run.build import check_config
-from runner.tables import reproduce as rp
+from runner.sweep.plan import plan_cells
+from runner.tables.cost import (
+    ASSUMED_UTILIZATION,
+    H100_PEAK_TFLOPS,
+    H100_SECONDS_PER_UPDATE,
+    PAPER_CORPORA,
+    paper_gpu_hours,
+    update_flops,
+)
+from runner.tables.sweep_tier import paper_problems
+from runner.tables.targets import TARGETS
 from tests.conftest import REPO, compose, run_cli
 
 WMT_MAX_TOKENS = 256  # tokens per micro-batch for the 512-2048-8 WMT'14 models (see above)
-PAPER_PARTS = [(name, part) for name, t in rp.TARGETS.items() for part in t.parts.get("paper", ())]
+PAPER_PARTS = [(name, part) for name, t in TARGETS.items() for part in t.parts.get("paper", ())]
 PAPER_TARGETS = sorted({name for name, _ in PAPER_PARTS})
 
 
@@ -95,8 +105,8 @@ def test_paper_preset_composes_and_its_largest_cell_trains_2_updates(target, par
                                                                      monkeypatch, tmp_path):
     for k, v in paper_data.items():
         monkeypatch.setenv(k, v)
-    assert rp.paper_problems(rp.TARGETS[target], "slurm") == []  # data found; GPU left to slurm
-    cells, fixed = rp.plan_cells(part.preset)
+    assert paper_problems(TARGETS[target], "slurm") == []  # data found; GPU left to slurm
+    cells, fixed = plan_cells(part.preset)
     assert cells and not fixed
     largest, largest_cfg = None, None
     for cell in cells:
@@ -166,7 +176,7 @@ def test_lipschitz_paper_preset_is_the_papers_recipe(order):
     assert cfg.trainer.save_interval == 1500 and cfg.trainer.keep_checkpoints >= 5
     assert (cfg.trainer.eval_beam, cfg.trainer.eval_lenpen, cfg.trainer.eval_average_last) == (4, 0.0, 5)
     assert cfg.norm.placement == ("post" if order == "order_v1" else "pre")
-    part = rp.TARGETS["lipschitz"].parts["paper"][0]
+    part = TARGETS["lipschitz"].parts["paper"][0]
     assert (part.beam, part.lenpen, part.average_last) == (4, 0.0, 5)
 
 
@@ -186,7 +196,7 @@ def test_gpu_hours_of_the_lipschitz_target_by_hand():
     hours = flops / (989.4e12 * 0.40) / 3600
     assert hours == pytest.approx(21.28, abs=0.01)  # the number docs/reproductions.md gives
 
-    cost = rp.paper_gpu_hours("lipschitz", compose)
+    cost = paper_gpu_hours("lipschitz", compose)
     assert cost.cells == 16 and cost.updates == 16 * 100_000 and cost.measured_cells == 0
     assert cost.flops == pytest.approx(flops, rel=1e-9)
     assert cost.gpu_hours == pytest.approx(hours, rel=1e-9)
@@ -194,10 +204,10 @@ def test_gpu_hours_of_the_lipschitz_target_by_hand():
 
 
 def test_a_measured_seconds_per_update_replaces_the_flops_estimate(monkeypatch):
-    before = rp.paper_gpu_hours("tfixup-depth", compose)
+    before = paper_gpu_hours("tfixup-depth", compose)
     assert before.cells == 5 and before.measured_cells == 0 and before.gpu_hours > 0
-    monkeypatch.setitem(rp.H100_SECONDS_PER_UPDATE, ("reproduce_tfixup_depth_paper", 200), 0.36)
-    after = rp.paper_gpu_hours("tfixup-depth", compose)
+    monkeypatch.setitem(H100_SECONDS_PER_UPDATE, ("reproduce_tfixup_depth_paper", 200), 0.36)
+    after = paper_gpu_hours("tfixup-depth", compose)
     assert after.measured_cells == 1
     assert after.gpu_hours == pytest.approx(
         before.gpu_hours - _flop_hours("reproduce_tfixup_depth_paper", "model.layers=200")
@@ -206,7 +216,7 @@ def test_a_measured_seconds_per_update_replaces_the_flops_estimate(monkeypatch):
 
 @pytest.mark.slow
 def test_every_paper_target_has_a_gpu_hour_estimate():
-    costs = {name: rp.paper_gpu_hours(name, compose) for name in PAPER_TARGETS}
+    costs = {name: paper_gpu_hours(name, compose) for name in PAPER_TARGETS}
     assert {n: c.cells for n, c in costs.items()} == \
         {"grid": 45, "lipschitz": 16, "table2": 24, "tfixup-depth": 5}
     assert all(c.gpu_hours > 0 and c.measured_cells == 0 for c in costs.values())
@@ -215,12 +225,12 @@ def test_every_paper_target_has_a_gpu_hour_estimate():
 def _flop_hours(preset: str, *axes: str) -> float:
     cfg = compose([f"+sweep={preset}", *axes])
     part = next(p for _, p in PAPER_PARTS if p.preset == preset)
-    flops = cfg.trainer.max_updates * rp.update_flops(cfg, rp.PAPER_CORPORA[part.data_env])
-    return flops / (rp.H100_PEAK_TFLOPS * 1e12 * rp.ASSUMED_UTILIZATION) / 3600
+    flops = cfg.trainer.max_updates * update_flops(cfg, PAPER_CORPORA[part.data_env])
+    return flops / (H100_PEAK_TFLOPS * 1e12 * ASSUMED_UTILIZATION) / 3600
 
 
 # ----------------------------------------------------------------------------- the GPU tier
-GPU_PARTS = [(name, part) for name, t in rp.TARGETS.items() for part in t.parts.get("gpu", ())]
+GPU_PARTS = [(name, part) for name, t in TARGETS.items() for part in t.parts.get("gpu", ())]
 
 
 @pytest.mark.slow

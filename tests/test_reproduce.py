@@ -12,7 +12,11 @@ import yaml
 
 from runner.cli.reproduce import main as reproduce_main
 from runner.run.build import check_config
-from runner.tables import reproduce as rp
+from runner.sweep.plan import canonical, load_preset, plan_cells
+from runner.tables.plan import Outcome, collect, estimate_cell_s, estimate_wall_s, gpu_visible
+from runner.tables.real_tier import real_tier_status
+from runner.tables.render import render_lipschitz, render_table2, render_tfixup_depth, write_outputs
+from runner.tables.targets import TARGETS
 from tests.conftest import REPO, compose
 
 PAPER_ENV = {"DEEPINIT_IWSLT14_DIR": "/nonexistent/iwslt", "DEEPINIT_WMT14_DIR": "/nonexistent/wmt"}
@@ -47,38 +51,38 @@ DIVERGED = {"status": "diverged", "reason": "non-finite loss", "diverged_step": 
     ("grid", "paper", [45]), ("tfixup-depth", "cpu", [5]), ("tfixup-depth", "paper", [5]),
     ("lipschitz", "cpu", [16]), ("lipschitz", "paper", [16])])
 def test_plans_have_the_papers_cells(target, scale, counts):
-    parts = rp.TARGETS[target].parts[scale]
-    assert [len(rp.plan_cells(p.preset)[0]) for p in parts] == counts
+    parts = TARGETS[target].parts[scale]
+    assert [len(plan_cells(p.preset)[0]) for p in parts] == counts
 
 
 def test_plan_values_are_what_hydra_records_and_overrides_replace_axes():
-    cells, fixed = rp.plan_cells("reproduce_grid_cpu")
+    cells, fixed = plan_cells("reproduce_grid_cpu")
     assert {c["optim.lr"] for c in cells} == {"0.001", "0.002", "0.003", "0.004", "0.005"}
     assert {c["method"] for c in cells} == {"post_ln", "pre_ln", "admin"} and fixed == []
-    cells, fixed = rp.plan_cells("reproduce_tfixup_depth_cpu",
+    cells, fixed = plan_cells("reproduce_tfixup_depth_cpu",
                                  ["model.layers=6,20", "optim.lr=1e-3", "hydra.verbose=true"])
     assert [c["model.layers"] for c in cells] == ["6", "20"]
     assert fixed == ["optim.lr=0.001"]
     # overrides that do not change a result (threads, progress, hydra.*) do not make another cell
-    cells2, fixed2 = rp.plan_cells("reproduce_tfixup_depth_cpu",
+    cells2, fixed2 = plan_cells("reproduce_tfixup_depth_cpu",
                                    ["model.layers=6,20", "optim.lr=1e-3", "trainer.threads=2"])
     assert (cells2, fixed2) == (cells, fixed)
-    assert rp.canonical(["+sweep=x", "model.layers=6", "trainer.progress=false"]) == \
+    assert canonical(["+sweep=x", "model.layers=6", "trainer.progress=false"]) == \
         frozenset({"+sweep=x", "model.layers=6"})
-    cells, _ = rp.plan_cells("reproduce_table2_iwslt14")
+    cells, _ = plan_cells("reproduce_table2_iwslt14")
     assert sorted({c["trainer.seed"] for c in cells}) == ["1111", "2222", "3333", "4444", "5555"]
 
 
 def test_wall_time_estimate_packs_cells_into_slots():
-    assert rp.estimate_wall_s([10, 10, 10, 10], 2) == 20
-    assert rp.estimate_wall_s([30, 10, 10, 10], 2) == 30
-    assert rp.estimate_wall_s([5, 5], 1) == 10
+    assert estimate_wall_s([10, 10, 10, 10], 2) == 20
+    assert estimate_wall_s([30, 10, 10, 10], 2) == 30
+    assert estimate_wall_s([5, 5], 1) == 10
     # the CPU targets are designed to fit in an hour on two cores (docs/reproductions.md)
-    for name, target in rp.TARGETS.items():
+    for name, target in TARGETS.items():
         for part in target.parts.get("cpu", ()):
-            cells, fixed = rp.plan_cells(part.preset)
-            costs = [rp.estimate_cell_s(part.preset, c, fixed) for c in cells]
-            assert rp.estimate_wall_s(costs, 2) < 50 * 60, name
+            cells, fixed = plan_cells(part.preset)
+            costs = [estimate_cell_s(part.preset, c, fixed) for c in cells]
+            assert estimate_wall_s(costs, 2) < 50 * 60, name
 
 
 # Suites over 6 h, each for the reason its preset's header gives: the grid's minutes per cell are
@@ -96,12 +100,12 @@ def test_real_tiers_fit_six_hours_and_their_claims_parse():
     from runner.tables import suite
     from runner.tables.evidence import claim_from_dict, selector_matches
 
-    for name, target in rp.TARGETS.items():
+    for name, target in TARGETS.items():
         for part in target.parts.get("real", ()):
             cells = suite.plan(part.preset)
-            sweep = rp.load_preset(part.preset)["sweep"]
+            sweep = load_preset(part.preset)["sweep"]
             limit = OVER_SIX_HOURS.get(name, 6 * 3600)
-            assert rp.estimate_wall_s([sweep["cpu_minutes_per_cell"] * 60] * len(cells), 2) <= limit, name
+            assert estimate_wall_s([sweep["cpu_minutes_per_cell"] * 60] * len(cells), 2) <= limit, name
             arms = [c.arm for c in cells]
             assert len({c.seed for c in cells}) >= 2, name
             for raw in sweep.get("claims", []):
@@ -117,11 +121,11 @@ def test_gpu_tiers_claims_name_arms_they_train():
     from runner.tables import suite
     from runner.tables.evidence import claim_from_dict, selector_matches
 
-    gpu = [(name, part) for name, t in rp.TARGETS.items() for part in t.parts.get("gpu", ())]
+    gpu = [(name, part) for name, t in TARGETS.items() for part in t.parts.get("gpu", ())]
     assert sorted(name for name, _ in gpu) == ["table2", "tfixup-depth"]
     for name, part in gpu:
         cells = suite.plan(part.preset)
-        sweep = rp.load_preset(part.preset)["sweep"]
+        sweep = load_preset(part.preset)["sweep"]
         assert sweep["gpu_minutes_per_cell"] > 0 and len({c.seed for c in cells}) >= 2, name
         for raw in sweep["claims"]:
             claim = claim_from_dict(raw)
@@ -142,7 +146,7 @@ def test_gpu_tiers_claims_name_arms_they_train():
 def test_every_real_tier_arm_composes_and_validates():
     from runner.tables import suite
 
-    for name, target in rp.TARGETS.items():
+    for name, target in TARGETS.items():
         for part in (*target.parts.get("real", ()), *target.parts.get("gpu", ())):
             seen = set()
             for cell in suite.plan(part.preset):
@@ -182,7 +186,7 @@ def test_every_suite_arm_trains_the_method_it_names():
     identity = ("optim.name", "optim.momentum", "norm.placement", "norm.decoder_placement", "norm.kind",
                 "norm.embedding_norm", "init.name")
     checked, alone_by_method = 0, {}
-    for name, target in rp.TARGETS.items():
+    for name, target in TARGETS.items():
         for part in (*target.parts.get("real", ()), *target.parts.get("gpu", ())):
             seen = set()
             for cell in suite.plan(part.preset):
@@ -278,9 +282,9 @@ def _row(text: str, start: str) -> list[str]:
 
 def test_table2_cpu_layout_paper_numbers_and_failed(tmp_path):
     _table2_cpu(tmp_path)
-    part = rp.TARGETS["table2"].parts["cpu"][0]
-    out = rp.Outcome("table2", "cpu", {"": rp.collect(part, tmp_path)}, tmp_path)
-    path = rp.write_outputs(out, "best_valid_loss")
+    part = TARGETS["table2"].parts["cpu"][0]
+    out = Outcome("table2", "cpu", {"": collect(part, tmp_path)}, tmp_path)
+    path = write_outputs(out, "best_valid_loss")
     text = path.read_text()
     assert path == tmp_path / "reproduction.md"
     assert _row(text, "setting")[1:] == ["Post-LN (paper)", "Post-LN (ours)", "Pre-LN (paper)",
@@ -305,9 +309,9 @@ def test_a_stalled_cell_counts_as_failed(tmp_path):
         for L in (6, 18):
             res = ok(losses[m][L]) if L in losses[m] else {**ok(4.39), "stalled": True}
             fake_cell(tmp_path, "reproduce_table2_cpu", {"method": m, "model.layers": L}, res)
-    part = rp.TARGETS["table2"].parts["cpu"][0]
-    out = rp.Outcome("table2", "cpu", {"": rp.collect(part, tmp_path)}, tmp_path)
-    text = rp.write_outputs(out, "best_valid_loss").read_text()
+    part = TARGETS["table2"].parts["cpu"][0]
+    out = Outcome("table2", "cpu", {"": collect(part, tmp_path)}, tmp_path)
+    text = write_outputs(out, "best_valid_loss").read_text()
     assert _row(text, "toy 18L")[2] == "failed (stalled)"
     assert "- Post-LN fails at 18 layers: yes" in text
     assert "1 stalled" in text
@@ -315,10 +319,10 @@ def test_a_stalled_cell_counts_as_failed(tmp_path):
 
 def test_table2_pending_cells_and_unknown_checks(tmp_path):
     fake_cell(tmp_path, "reproduce_table2_cpu", {"method": "pre_ln", "model.layers": 6}, ok(2.0))
-    part = rp.TARGETS["table2"].parts["cpu"][0]
-    cells = rp.collect(part, tmp_path)
+    part = TARGETS["table2"].parts["cpu"][0]
+    cells = collect(part, tmp_path)
     assert sum(c.status == "pending" for c in cells) == 8
-    text = rp.render_table2(rp.Outcome("table2", "cpu", {"": cells}, tmp_path))
+    text = render_table2(Outcome("table2", "cpu", {"": cells}, tmp_path))
     assert _row(text, "toy 18L")[2] == "pending"
     assert "- Post-LN fails at 18 layers: n/a" in text
 
@@ -333,9 +337,9 @@ def test_table2_paper_seeds_mean_std(tmp_path):
         for L in (6, 12, 18):
             res = DIVERGED if (m == "post_ln" and L > 6) else ok(4.0, bleu=27.0 + L / 10)
             fake_cell(wmt, "reproduce_table2_wmt14", {"method": m, "model.layers": L}, res)
-    parts = rp.TARGETS["table2"].parts["paper"]
-    out = rp.Outcome("table2", "paper", {p.sub: rp.collect(p, tmp_path / p.sub) for p in parts}, tmp_path)
-    text = rp.render_table2(out)
+    parts = TARGETS["table2"].parts["paper"]
+    out = Outcome("table2", "paper", {p.sub: collect(p, tmp_path / p.sub) for p in parts}, tmp_path)
+    text = render_table2(out)
     iwslt = _row(text, "IWSLT'14 De-En, 6L-6L small")
     assert iwslt[1] == "35.64 ± 0.23"
     assert iwslt[2] == "35.15 ± 0.13 BLEU, 3.900 loss (1/5 failed)"
@@ -346,10 +350,10 @@ def test_table2_paper_seeds_mean_std(tmp_path):
 
 
 def test_grid_counts_heatmaps_and_paper_counts(tmp_path):
-    part = rp.TARGETS["grid"].parts["cpu"][0]
+    part = TARGETS["grid"].parts["cpu"][0]
     sweep = {"name": "reproduce_grid_cpu", "scientific": ["method"],
              "nuisance": ["optim.lr", "optim.beta2"]}
-    cells, _ = rp.plan_cells(part.preset)
+    cells, _ = plan_cells(part.preset)
     lrs = sorted({float(c["optim.lr"]) for c in cells})
     assert len(lrs) == 5
     post_failed = 0
@@ -367,8 +371,8 @@ def test_grid_counts_heatmaps_and_paper_counts(tmp_path):
             res = ok({"post_ln": 3.0, "pre_ln": 3.2, "admin": 3.1}[c["method"]] - rank / 10)
         fake_cell(tmp_path, part.preset, c, res, sweep=sweep)
     assert post_failed == 7
-    out = rp.Outcome("grid", "cpu", {"": rp.collect(part, tmp_path)}, tmp_path)
-    text = rp.write_outputs(out, "best_valid_loss").read_text()
+    out = Outcome("grid", "cpu", {"": collect(part, tmp_path)}, tmp_path)
+    text = write_outputs(out, "best_valid_loss").read_text()
     # diverged, stalled, paper; "better than Pre-LN" only where the Pre-LN twin is ok
     assert _row(text, "Post-LN")[1:5] == ["7/15", "1/15", "7/15", "6 of 7 converged"]
     assert _row(text, "Pre-LN")[1:4] == ["0/15", "1/15", "0/15"]
@@ -390,18 +394,18 @@ def test_tfixup_and_lipschitz_layouts(tmp_path):
     for L in (6, 20, 50, 100, 200):
         fake_cell(t, "reproduce_tfixup_depth_cpu", {"model.layers": L},
                   DIVERGED if L == 200 else ok(3.0 - L / 100))
-    part = rp.TARGETS["tfixup-depth"].parts["cpu"][0]
-    text = rp.render_tfixup_depth(rp.Outcome("tfixup-depth", "cpu", {"": rp.collect(part, t)}, t))
+    part = TARGETS["tfixup-depth"].parts["cpu"][0]
+    text = render_tfixup_depth(Outcome("tfixup-depth", "cpu", {"": collect(part, t)}, t))
     assert _row(text, "50L-50L")[1:3] == ["29.28", "2.500 loss"]
     assert _row(text, "200L-200L")[1:3] == ["27.65", "failed (diverged @37)"]
     assert "- T-Fixup trains at every depth: no" in text
 
     lp = tmp_path / "l"
-    part = rp.TARGETS["lipschitz"].parts["cpu"][0]
-    for c in rp.plan_cells(part.preset)[0]:
+    part = TARGETS["lipschitz"].parts["cpu"][0]
+    for c in plan_cells(part.preset)[0]:
         bad = c["+reproduce"] == "order_v1" and c["init"] == "xavier" and c["model.layers"] != "6"
         fake_cell(lp, part.preset, c, DIVERGED if bad else ok(2.0))
-    text = rp.render_lipschitz(rp.Outcome("lipschitz", "cpu", {"": rp.collect(part, lp)}, lp))
+    text = render_lipschitz(Outcome("lipschitz", "cpu", {"": collect(part, lp)}, lp))
     assert _row(text, "layers")[1:5] == ["v1 (Post-LN) (paper)", "v1 (Post-LN) (ours)",
                                          "v1-L (paper)", "v1-L (ours)"]
     assert _row(text, "12L-12L")[1:5] == ["failed", "failed (diverged @37)", "28.67", "2.000 loss"]
@@ -440,7 +444,7 @@ def test_paper_scale_without_data_exits_2(tmp_path, monkeypatch, capsys):
     assert rc == 2
     assert "DEEPINIT_IWSLT14_DIR is not set" in err
     assert "has no train.de" in err
-    assert ("no GPU is visible" in err) == (not rp.gpu_visible())
+    assert ("no GPU is visible" in err) == (not gpu_visible())
     assert not (tmp_path / "o").exists()
 
 
@@ -479,7 +483,7 @@ def test_status_counts_records_claims_and_time_left(tmp_path, monkeypatch, capsy
         lines.append(json.dumps({"arm": {"method": "pre_ln", "warmup.updates": "0"}, "overrides": overrides,
                                  "seed": seed, "status": status, "bleu": 30.0, "best_valid_loss": 3.2}))
     (folder / "records.jsonl").write_text("\n".join(lines) + "\n")
-    rows = {r["target"]: r for r in rp.real_tier_status(parallel=2)}
+    rows = {r["target"]: r for r in real_tier_status(parallel=2)}
     table2 = rows["table2"]
     assert (table2["cells"], table2["records"], table2["ok"], table2["stalled"]) == (35, 2, 1, 1)
     # 33 cells of 32 min left, 2 at a time: 17 rounds

@@ -246,6 +246,7 @@ def test_same_best_needs_every_seed_to_agree():
 
 def test_reports_say_when_diverged_cells_blew_up_and_where_the_stopping_rule_ended_runs():
     from runner.tables import suite
+    from runner.tables.report import blow_up_note, stop_note
 
     def cell(seed, record):
         return suite.SuiteCell(["+sweep=reproduce_tfixup_depth_real"], [], {"init": "xavier"}, seed, record)
@@ -253,15 +254,15 @@ def test_reports_say_when_diverged_cells_blew_up_and_where_the_stopping_rule_end
     cells = [cell(1, {"status": "diverged", "initial_loss": 302.0}),
              cell(2, {"status": "diverged", "initial_loss": 9.1}),
              cell(3, {"status": "diverged"}), cell(4, {"status": "ok"})]
-    note = suite.blow_up_note(cells)  # the preset's divergence bound is 10 nats
+    note = blow_up_note(cells)  # the preset's divergence bound is 10 nats
     assert "1 at initialization, 1 during training, 1 unknown" in note
-    assert suite.blow_up_note(cells[3:]) == ""
+    assert blow_up_note(cells[3:]) == ""
     runs = [cell(1, {"status": "ok", "stopped_early": True, "stop_update": 6250, "early_stop": {"window": 1500}}),
             cell(2, {"status": "ok", "stopped_early": True, "stop_update": 5000, "early_stop": {"window": 1500}}),
             cell(3, {"status": "ok", "stopped_early": False, "stop_update": None, "early_stop": {"window": 1500}})]
-    note = suite.stop_note(runs)
+    note = stop_note(runs)
     assert note.startswith("Stopping rule: 2 of 3 cells stopped on a flat curve (at update 5,000 to 6,250); 1 reached the cap")
-    assert suite.stop_note([cell(1, {"status": "ok", "stopped_early": False, "early_stop": None})]) == ""
+    assert stop_note([cell(1, {"status": "ok", "stopped_early": False, "early_stop": None})]) == ""
 
 
 def test_a_claim_about_the_last_checkpoint_meets_the_bar_there():

@@ -11,7 +11,10 @@ import re
 import pytest
 
 from runner.tables import suite
+from runner.tables.plots import grid_axes, grid_panels, plot_grid, plot_transfer, transfer_panels
+from runner.tables.pool import Job, run_jobs
 from runner.tables.records import cell_key
+from runner.tables.report import curve_slope, provenance, render
 from tests.conftest import REPO, run_cli
 
 SHRINK = ["data=toy", "data.toy.train_size=300", "data.toy.valid_size=30", "data.toy.test_size=20",
@@ -127,7 +130,7 @@ def test_transfer_panels_and_plot(tmp_path):
             cell.record = {"status": "stalled", "best_valid_loss": 6.0}  # a line with no ok cell
         elif lr <= 0.016:
             cell.record = {"status": "ok", "best_valid_loss": abs(math.log10(lr) + 2) + seed / 10}
-    panels = suite.transfer_panels("reproduce_mup_transfer_real", cells)
+    panels = transfer_panels("reproduce_mup_transfer_real", cells)
     assert list(panels) == ["depth_mup_lr_transfers_across_depth_wide_grid",
                             "pre_ln_lr_transfers_across_depth_wide_grid"]
     pre = panels["pre_ln_lr_transfers_across_depth_wide_grid"]
@@ -139,11 +142,11 @@ def test_transfer_panels_and_plot(tmp_path):
     assert len(pre["lines"]["6"]["seeds"]) == 12  # 6 lrs x 2 seeds
     mup12 = panels["depth_mup_lr_transfers_across_depth_wide_grid"]["lines"]["12"]
     assert all(math.isnan(m) for m in mup12["means"]) and len(mup12["failed"]) == 14
-    path = suite.plot_transfer("reproduce_mup_transfer_real", cells, tmp_path / "transfer.png")
+    path = plot_transfer("reproduce_mup_transfer_real", cells, tmp_path / "transfer.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "transfer.png: for each transfer claim" in suite.render(
+    assert "transfer.png: for each transfer claim" in render(
         "mup-transfer", "t", "reproduce_mup_transfer_real", cells)
-    assert suite.transfer_panels("reproduce_table2_real", suite.plan("reproduce_table2_real")) == {}
+    assert transfer_panels("reproduce_table2_real", suite.plan("reproduce_table2_real")) == {}
 
 
 def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(tmp_path, monkeypatch):
@@ -211,7 +214,7 @@ def test_the_last_checkpoint_bleu_column_appears_for_arms_whose_ok_seeds_all_hav
         c.record = {"status": "ok", "bleu": last - 2, "bleu_last": last, "best_valid_loss": 3.2}
     for c, last in zip(admin, (31.0, None, None)):  # one seed measured of three
         c.record = {"status": "ok", "bleu": 29.0, "bleu_last": last, "best_valid_loss": 3.3}
-    report = suite.render("table2", "Table 2", "reproduce_table2_real", cells)
+    report = render("table2", "Table 2", "reproduce_table2_real", cells)
     header = next(line for line in report.splitlines() if line.startswith("| arm"))
     cols = [c.strip() for c in header.strip("|").split("|")]
     assert cols[cols.index("BLEU (tok)") + 1] == "BLEU last ckpt"
@@ -224,7 +227,7 @@ def test_the_last_checkpoint_bleu_column_appears_for_arms_whose_ok_seeds_all_hav
     assert "BLEU last ckpt: the tokenized BLEU" in report
     for c in pre:
         c.record = {k: v for k, v in c.record.items() if k != "bleu_last"}
-    without = suite.render("table2", "Table 2", "reproduce_table2_real", cells)  # only a partial arm: no column
+    without = render("table2", "Table 2", "reproduce_table2_real", cells)  # only a partial arm: no column
     assert "BLEU last ckpt" not in without
 
 
@@ -233,7 +236,7 @@ def test_a_claim_added_later_is_marked_with_its_reason():
     for cell in cells:
         if cell.arm == {"method": "post_ln", "warmup.updates": "0"}:
             cell.record = {"status": "stalled", "best_valid_loss": 6.2}
-    report = suite.render("table2", "Table 2", "reproduce_table2_real", cells)
+    report = render("table2", "Table 2", "reproduce_table2_real", cells)
     row = next(line for line in report.splitlines() if line.startswith("| post_ln_no_warmup_fails_to_train"))
     assert "†" in row and "**reproduced**" in row and "3 of 3 seeds failed to train" in row
     original = next(line for line in report.splitlines() if line.startswith("| post_ln_no_warmup_fails |"))
@@ -242,8 +245,8 @@ def test_a_claim_added_later_is_marked_with_its_reason():
 
 
 def test_grid_heatmap_panels_and_png(tmp_path):
-    assert suite.grid_axes("reproduce_table2_real") is None
-    assert suite.grid_axes("reproduce_grid_real") == ("optim.lr", "optim.beta2")
+    assert grid_axes("reproduce_table2_real") is None
+    assert grid_axes("reproduce_grid_real") == ("optim.lr", "optim.beta2")
     cells = suite.plan("reproduce_grid_real")
     assert len(cells) == 90
     for cell in cells:
@@ -252,7 +255,7 @@ def test_grid_heatmap_panels_and_png(tmp_path):
                 cell.record = {"status": "ok", "best_valid_loss": 3.0 + cell.seed}  # 4.0, 5.0
             elif cell.arm["method"] == "post_ln":
                 cell.record = {"status": "diverged" if cell.seed == 1 else "ok", "best_valid_loss": 6.5}
-    panels = suite.grid_panels(cells, "optim.lr", "optim.beta2")
+    panels = grid_panels(cells, "optim.lr", "optim.beta2")
     assert sorted(panels) == ["method=admin", "method=post_ln", "method=pre_ln"]
     pre = panels["method=pre_ln"]
     assert pre["xs"] == ["0.0002", "0.0004", "0.0006", "0.0008", "0.001"] and pre["ys"] == ["0.99", "0.995", "0.999"]
@@ -260,23 +263,23 @@ def test_grid_heatmap_panels_and_png(tmp_path):
     assert pre["labels"][1][0] == "-" and pre["values"][1][0] != pre["values"][1][0]  # NaN: not run
     post = panels["method=post_ln"]
     assert post["values"][0][0] == 6.5 and post["labels"][0][0] == "6.50\n1/2 div"
-    assert suite.plot_grid("reproduce_grid_real", cells, tmp_path / "heatmap.png") == tmp_path / "heatmap.png"
+    assert plot_grid("reproduce_grid_real", cells, tmp_path / "heatmap.png") == tmp_path / "heatmap.png"
     assert (tmp_path / "heatmap.png").stat().st_size > 10_000
-    assert "heatmap.png: per optim.lr optim.beta2 setting" in suite.render("grid", "Grid", "reproduce_grid_real", cells)
+    assert "heatmap.png: per optim.lr optim.beta2 setting" in render("grid", "Grid", "reproduce_grid_real", cells)
 
 
 def test_provenance_gives_the_commits_machines_and_wall_time_per_cell():
     machine = {"git_commit": "0123456789abcdef", "device_name": "AMD EPYC", "threads": 1, "torch": "2.13.0+cpu"}
     records = [{"machine": machine, "wall_s": s} for s in (300.0, 1200.0, 600.0)]
-    line = suite.provenance(records + [{"machine": machine, "wall_s": None}])  # a record without one is skipped
+    line = provenance(records + [{"machine": machine, "wall_s": None}])  # a record without one is skipped
     assert line == ("Commits: 0123456789. Machines: AMD EPYC, 1 thread(s), torch 2.13.0+cpu. "
                     "Wall time per cell: median 10.0 min (5.0 to 20.0).")
-    assert "Wall time" not in suite.provenance([{"machine": machine}])
+    assert "Wall time" not in provenance([{"machine": machine}])
 
 
 def test_curve_slope():
-    assert suite.curve_slope([(200, 5.0), (400, 4.0), (600, 3.8), (800, 3.7)]) == pytest.approx(-0.75)
-    assert suite.curve_slope([(200, 5.0)]) is None
+    assert curve_slope([(200, 5.0), (400, 4.0), (600, 3.8), (800, 3.7)]) == pytest.approx(-0.75)
+    assert curve_slope([(200, 5.0)]) is None
 
 
 @pytest.mark.slow
@@ -374,9 +377,9 @@ def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_pa
 
 
 def test_gpu_tier_without_a_gpu_says_so_in_one_line(tmp_path):
-    from runner.tables import reproduce
+    from runner.tables.plan import gpu_visible
 
-    if reproduce.gpu_visible():
+    if gpu_visible():
         pytest.skip("a GPU is visible: the tier runs")
     proc = run_cli(["reproduce", "table2", "--scale", "gpu", "--out", str(tmp_path)], cwd=REPO, timeout=120)
     assert proc.returncode == 2
@@ -453,10 +456,10 @@ def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
     cells = suite.plan("reproduce_table2_real", SHRINK)
     first, second = cells[:2], cells[2:3]
     a, b = Records.load(tmp_path / "a"), Records.load(tmp_path / "b")
-    jobs = [suite.Job(c, tmp_path / "work-a", a, "a") for c in first] + \
-        [suite.Job(c, tmp_path / "work-b", b, "b") for c in second]
+    jobs = [Job(c, tmp_path / "work-a", a, "a") for c in first] + \
+        [Job(c, tmp_path / "work-b", b, "b") for c in second]
     done = []
-    assert suite.run_jobs(jobs, parallel=2, on_cell_done=done.append) == 0
+    assert run_jobs(jobs, parallel=2, on_cell_done=done.append) == 0
     assert sorted(done) == ["a", "a", "b"]  # each suite's report follows each of its cells
     assert len(Records.load(tmp_path / "a").by_key) == 2 and len(Records.load(tmp_path / "b").by_key) == 1
     assert all(c.record is not None and c.record["status"] in ("ok", "stalled") for c in first + second)
@@ -464,10 +467,10 @@ def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
 
 
 def test_all_real_suites_are_in_the_pool_order():
-    from runner.tables import reproduce as rp
+    from runner.tables.targets import REAL_SUITE_ORDER, TARGETS
 
-    real = [name for name, t in rp.TARGETS.items() if "real" in t.parts]
-    assert sorted(rp.REAL_SUITE_ORDER) == sorted(real) and len(set(rp.REAL_SUITE_ORDER)) == len(real)
+    real = [name for name, t in TARGETS.items() if "real" in t.parts]
+    assert sorted(REAL_SUITE_ORDER) == sorted(real) and len(set(REAL_SUITE_ORDER)) == len(real)
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """python -m runner.bench SPEC.json OUT.json: the child process of run_isolated (one entry)."""
 import sys
 
-from runner.bench import worker_main
+from runner.bench.workers import worker_main
 
 sys.exit(worker_main(sys.argv[1:]))

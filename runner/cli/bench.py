@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 from runner import bench
+from runner.bench.entries import DECODE_SENTENCES, PEER_CONFIGS, PRESETS
+from runner.bench.run import run_bench
 from runner.cli.compose import compose
 
 
@@ -13,14 +15,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="deepinit bench", description=bench.__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", nargs="*", default=None,
-                   help=f"of {', '.join(bench.PRESETS)} (default: tiny small ci, + base on CUDA)")
+                   help=f"of {', '.join(PRESETS)} (default: tiny small ci, + base on CUDA)")
     p.add_argument("--depths", nargs="*", type=int, default=[6, 50, 100, 200],
                    help="layers per stack for the depth scaling entries (none: skip)")
     p.add_argument("--depth-max-tokens", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=None, help="untimed updates (default per preset)")
     p.add_argument("--steps", type=int, default=None, help="updates per timed window")
     p.add_argument("--windows", type=int, default=None, help="timed windows (repeats)")
-    p.add_argument("--decode-sentences", type=int, default=bench.DECODE_SENTENCES)
+    p.add_argument("--decode-sentences", type=int, default=DECODE_SENTENCES)
     p.add_argument("--no-decode", action="store_true")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -40,8 +42,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--reference", action="store_true",
                    help="also time the same training step in plain PyTorch (torch.nn.Transformer), "
                         "alternating with deepinit's, --reps times")
-    p.add_argument("--peer-configs", nargs="*", default=list(bench.PEER_CONFIGS),
-                   choices=list(bench.PEER_CONFIGS))
+    p.add_argument("--peer-configs", nargs="*", default=list(PEER_CONFIGS),
+                   choices=list(PEER_CONFIGS))
     p.add_argument("--peer-tools", type=Path, default=None,
                    help="--peer: the folder of peer_setup.sh / peer_train_bench.sh (make bench-peer "
                         "passes PEER_TOOLS)")
@@ -65,7 +67,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
-        return bench.run_bench(args, argv, compose)
+        return run_bench(args, argv, compose)
     except KeyboardInterrupt:  # outside the entries (run_bench keeps the finished ones): one line
         sys.stderr.write("deepinit bench: interrupted\n")
         return 130

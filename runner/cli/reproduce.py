@@ -9,27 +9,30 @@ from typing import Sequence
 
 from runner.sweep import cells
 from runner.tables import reproduce
+from runner.tables.all_schemes import ALL_SCHEMES
+from runner.tables.plan import Request
+from runner.tables.targets import LAUNCHERS, REAL_SUITE_ORDER, SCALES, TARGETS
 
 
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="deepinit reproduce",
                                 description="Reproduce a published table (docs/reproductions.md).")
-    p.add_argument("target", choices=[*reproduce.TARGETS, "all", reproduce.ALL_SCHEMES, "list", "status"],
+    p.add_argument("target", choices=[*TARGETS, "all", ALL_SCHEMES, "list", "status"],
                    help="a target; all: every real-tier suite in one pool of cells (--scale real); "
-                        f"{reproduce.ALL_SCHEMES}: one table of every scheme at the deep setting, from "
+                        f"{ALL_SCHEMES}: one table of every scheme at the deep setting, from "
                         "the real-tier suites' records (trains nothing); list: the targets; status: how "
                         "far each real-tier suite has got (records, verdicts, estimated time left)")
     p.add_argument("overrides", nargs="*", help="extra overrides for every cell; an override of a "
                    "swept axis replaces its values (e.g. model.layers=6,20,50); at the real and gpu "
                    "tiers, overrides that change the preset's cells (a variant) keep their records "
                    "beside the run folders, not in results/")
-    p.add_argument("--scale", choices=reproduce.SCALES,
+    p.add_argument("--scale", choices=SCALES,
                    help="cpu: the toy smoke tier (minutes); real: Multi30k on this CPU with "
                    "seeds, CIs and verdicts, records in results/ (hours); gpu: the same on one GPU at "
                    "the papers' model size (table2, tfixup-depth); paper: the papers' recipes "
                    "(GPU). Default: paper when a GPU is visible, else cpu; real for targets that "
                    "have only a real tier")
-    p.add_argument("--launcher", choices=reproduce.LAUNCHERS,
+    p.add_argument("--launcher", choices=LAUNCHERS,
                    help="default: local (cells in parallel: one per GPU, or --parallel on CPU); the "
                         "real tier runs its cells itself and ignores it")
     p.add_argument("--parallel", type=int, default=0,
@@ -38,18 +41,22 @@ def main(argv: Sequence[str]) -> int:
                         "tier, cells sharing the GPU (default 1)")
     p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
                    help="parent of the sweep folder <target>-<scale> (default outputs/reproduce)")
-    p.add_argument("--suites", nargs="+", metavar="SUITE", choices=reproduce.REAL_SUITE_ORDER,
+    p.add_argument("--suites", nargs="+", metavar="SUITE", choices=REAL_SUITE_ORDER,
                    help="with 'all': only these real-tier suites, in this order (default: every one, "
-                        f"in the order {', '.join(reproduce.REAL_SUITE_ORDER)})")
+                        f"in the order {', '.join(REAL_SUITE_ORDER)})")
     p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")
     p.add_argument("--no-eval", action="store_true", help="do not decode/score finished cells")
     p.add_argument("--table-only", action="store_true",
                    help="only (re)print the table: from the run folders, or at the real tier from the "
                         "records in results/ (trains nothing)")
     args = p.parse_intermixed_args(argv)
+    request = Request(target=args.target, overrides=tuple(args.overrides), scale=args.scale,
+                      launcher=args.launcher, parallel=args.parallel, out=args.out,
+                      suites=tuple(args.suites or ()), dry_run=args.dry_run, no_eval=args.no_eval,
+                      table_only=args.table_only)
     cells.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
     try:
-        return reproduce.run(args)
+        return reproduce.run(request)
     except KeyboardInterrupt as exc:
         signum = cells.signal_of(exc)
         sys.stderr.write(f"deepinit: interrupted ({cells.signal_name(signum)}); the running cells "

@@ -402,7 +402,7 @@ def decode_throughput(model, split: TokenizedSplit, beam: int = 5, max_len_a: fl
     fairseq-generate call (the peer script peer_train_bench.sh, `deepinit bench --peer-tools`: --max-tokens 4096
     --batch-size 128 --max-len-a 1.0 --max-len-b 0, the cap from the batch's padded width), so
     an untrained model's output length, and hence the work, is the same on both sides when
-    `batches` are fairseq's (runner.bench.fairseq_generate_batches).
+    `batches` are fairseq's (runner.bench.corpus.fairseq_generate_batches).
     Returns the median over `repeats` of sentences/s, and generated tokens/s."""
     device = torch.device(device)
     model = model.to(device).select_kernels(device.type).eval()

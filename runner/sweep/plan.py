@@ -91,7 +91,8 @@ def plan_cells(preset: str, extra: Sequence[str] = (), respell: bool = False,
     (fixed for every cell). A command-line value replaces the preset's axis of the same key, as
     Hydra's sweeper does. respell: a command-line value that one of the preset's values equals
     is written as the preset writes it, for a caller that runs the planned overrides itself
-    (runner/tables/suite.py); a Hydra call runs the text as typed, so its run folders keep that."""
+    (runner/tables/suite.py, runner/tables/pool.py); a Hydra call runs the text as typed, so its
+    run folders keep that."""
     params = ((load_preset(preset).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
     own = parse_overrides([f"{k}={v}" for k, v in params.items()])
     # each preset axis value's spelling by its parsed value, so that a command-line value the

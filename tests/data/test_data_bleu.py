@@ -208,10 +208,12 @@ def test_the_committed_records_signatures_read_case_lc():
 def test_a_report_gives_its_sacrebleu_columns_true_signature():
     """The table2 report rendered from the committed records says case:lc under its table, not
     the case:mixed its records.jsonl holds."""
-    from runner.tables import reproduce, suite
+    from runner.tables.plan import real_suite
+    from runner.tables.report import render
+    from runner.tables.targets import TARGETS
 
-    target = reproduce.TARGETS["table2"]
-    real = reproduce.real_suite(target)
-    page = suite.render("table2", target.title, real.part.preset, real.cells)
+    target = TARGETS["table2"]
+    real = real_suite(target)
+    page = render("table2", target.title, real.part.preset, real.cells)
     line, = [line for line in page.splitlines() if line.startswith("sacreBLEU: ")]
     assert "lowercased references" in line and "|case:lc|" in line and "case:mixed" not in page

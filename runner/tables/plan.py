@@ -1,0 +1,172 @@
+"""Planning a reproduction: what a call asks for (Request), a target's cells with the state of
+their run folders (cpu and paper scales: collect) or records (real and gpu tiers: real_suite),
+and how long the cells left will take."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from runner.config import ModelConfig, TrainerConfig
+from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
+from runner.sweep.report import find_run_dirs, read_cell
+from runner.tables import suite
+from runner.tables.records import Records
+from runner.tables.targets import Part, Target
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a `deepinit reproduce` call asks for (runner/cli/reproduce.py builds it from the
+    command line)."""
+
+    target: str  # a target, "all", "all-schemes", "list" or "status"
+    overrides: tuple[str, ...] = ()  # extra overrides for every cell
+    scale: Optional[str] = None  # None: the target's default (paper with a GPU, else cpu)
+    launcher: Optional[str] = None  # None: local
+    parallel: int = 0  # cells at once (0: the default of the scale)
+    out: Path = Path("outputs/reproduce")  # parent of the sweep folder <target>-<scale>
+    suites: tuple[str, ...] = ()  # with "all": only these real-tier suites, in this order
+    dry_run: bool = False
+    no_eval: bool = False
+    table_only: bool = False
+
+
+@dataclass
+class CellResult:
+    axes: dict[str, str]
+    status: str  # ok | diverged | stalled | failed | interrupted | running | pending
+    result: dict = field(default_factory=dict)
+    path: Optional[Path] = None
+
+    def get(self, key: str) -> Optional[float]:
+        v = self.result.get(key)
+        if v is None or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return None
+        return float(v)
+
+
+@dataclass
+class Outcome:
+    """What a target's table is made of: the cells of each part, by part.sub."""
+
+    target: str
+    scale: str
+    cells: dict[str, list[CellResult]]
+    sweep_dir: Path
+
+
+# ----------------------------------------------------------------------------- cpu scale
+# CPU cost model for the plan's time estimate: seconds per update per layer of each stack for the
+# 64-128-2 model on the toy task (2,048-token batches, one thread), measured on this 2-core
+# machine (docs/reproductions.md); plus a fixed cost per cell (process start, data, validation).
+SEC_PER_LAYER_UPDATE = 0.038
+CELL_OVERHEAD_S = 20.0
+TOY_MAX_TOKENS = 2048  # conf/data/toy.yaml; the step time above is for batches of this size
+
+
+def cell_overrides(preset: str, axes: dict[str, str], fixed: Sequence[str]) -> frozenset[str]:
+    """The task overrides Hydra records in the cell's .hydra/overrides.yaml (canonical)."""
+    return canonical([f"+sweep={preset}", *(f"{k}={v}" for k, v in axes.items()), *fixed])
+
+
+def _preset_value(preset: str, dotted: str, fixed: Sequence[str], axes: dict[str, str]):
+    for source in (axes, dict(o.split("=", 1) for o in fixed if "=" in o)):
+        for k, v in source.items():
+            if norm_key(k) == dotted:
+                return v
+    node = load_preset(preset)
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def estimate_cell_s(preset: str, axes: dict[str, str], fixed: Sequence[str]) -> float:
+    """Seconds one CPU-scale cell is expected to take on one core of an idle machine."""
+    layers = _preset_value(preset, "model.layers", fixed, axes) or ModelConfig.layers
+    updates = _preset_value(preset, "trainer.max_updates", fixed, axes) or TrainerConfig.max_updates
+    tokens = _preset_value(preset, "data.max_tokens", fixed, axes) or TOY_MAX_TOKENS
+    per_update = float(layers) * SEC_PER_LAYER_UPDATE * float(tokens) / TOY_MAX_TOKENS
+    return float(updates) * per_update + CELL_OVERHEAD_S
+
+
+def cell_count(n: int) -> str:
+    return f"{n} cell" if n == 1 else f"{n} cells"
+
+
+def estimate_wall_s(costs: Sequence[float], parallel: int) -> float:
+    """Wall time of cells run `parallel` at a time, longest first (what a pool of slots does)."""
+    slots = [0.0] * max(1, parallel)
+    for c in sorted(costs, reverse=True):
+        slots[slots.index(min(slots))] += c
+    return max(slots)
+
+
+def collect(part: Part, part_dir: Path, extra: Sequence[str] = ()) -> list[CellResult]:
+    """Planned cells of a part with their run folders' outcomes (pending when none)."""
+    cells, fixed = plan_cells(part.preset, extra)
+    found = {}
+    if part_dir.is_dir():
+        for d in find_run_dirs(part_dir):
+            c = read_cell(d)
+            found[canonical(c.overrides)] = c
+    out = []
+    for axes in cells:
+        c = found.get(cell_overrides(part.preset, axes, fixed))
+        clean = {norm_key(k): v for k, v in axes.items()}
+        for o in fixed:  # a single value given for an axis (e.g. method=pre_ln) still labels it
+            k, _, v = o.partition("=")
+            clean.setdefault(norm_key(k), v)
+        if c is None:
+            out.append(CellResult(clean, "pending"))
+        else:
+            out.append(CellResult(clean, c.status, dict(c.result), c.path))
+    return out
+
+
+def sweep_dir_for(out: Path, target: str, scale: str) -> Path:
+    return out / f"{target}-{scale}"
+
+
+def part_dir(sweep_dir: Path, part: Part) -> Path:
+    return sweep_dir / part.sub if part.sub else sweep_dir
+
+
+def gpu_visible() -> bool:
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # a broken CUDA install counts as none
+        return False
+
+
+@dataclass
+class RealSuite:
+    """A target's real tier as it stands: its planned cells with the records they have."""
+
+    target: Target
+    part: Part
+    cells: list
+    records: Records
+    minutes: float  # the preset's cpu_ or gpu_minutes_per_cell (0: none given)
+    tier: str = "real"
+
+    @property
+    def todo(self) -> list:
+        """The cells without a record, seed-major (the order they are trained in)."""
+        return suite.seed_major(self.cells)
+
+
+def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real",
+               records_dir: Optional[Path] = None) -> RealSuite:
+    """The suite's cells (with `overrides`) and the records they have in `records_dir`
+    (default: results/<target>/<tier>/)."""
+    part = target.parts[tier][0]
+    cells = suite.plan(part.preset, list(overrides))
+    records = Records.load(records_dir or suite.results_dir(target.name, tier))
+    suite.attach_records(cells, records)
+    key = "gpu_minutes_per_cell" if tier == "gpu" else "cpu_minutes_per_cell"
+    minutes = float((load_preset(part.preset).get("sweep") or {}).get(key) or 0)
+    return RealSuite(target, part, cells, records, minutes, tier)

@@ -1,0 +1,164 @@
+"""A suite's cells trained on this machine: each one `deepinit train` process with one CPU thread,
+`parallel` of them side by side (on a GPU, they share it), a rich progress bar counting cells
+with an ETA, and each finished cell's record written at once."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from runner.console import console, format_duration
+from runner.tables.records import Records, record_from_run
+from runner.tables.suite import SuiteCell, fmt_number, seed_major
+
+
+def _cell_env() -> dict[str, str]:
+    """One thread per cell, and the cells import this very copy of the package (a suite run from
+    a git worktree of a fixed commit trains every cell with that commit's code)."""
+    package_parent = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
+
+
+@dataclass
+class Job:
+    """One cell to train, with where its run folder and its record go. `group` names its suite
+    (the target) when one pool trains several suites."""
+
+    cell: SuiteCell
+    work: Path
+    records: Records
+    group: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.group}: {self.cell.label}" if self.group else self.cell.label
+
+
+def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int,
+              on_cell_done: Optional[Callable[[str], None]] = None) -> int:
+    """Train the cells without a record, `parallel` at a time, one thread each; write each
+    finished cell's record at once. Returns the number of cells that crashed."""
+    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel, on_cell_done)
+
+
+def run_jobs(jobs: Sequence[Job], parallel: int,
+             on_cell_done: Optional[Callable[[str], None]] = None) -> int:
+    """Train the jobs in order, `parallel` at a time, one thread each, writing each finished
+    cell's record at once; a slot that frees takes the next job whatever its suite, so no core
+    idles between suites. `on_cell_done(group)` runs after each job of the group has ended
+    (recorded or crashed), so a suite's report can follow its records cell by cell.
+    Ctrl-C or SIGTERM stops the running cells (`stop_cells`) before it propagates. Returns the
+    number of cells that crashed."""
+    pool = _Pool(jobs, parallel, on_cell_done)
+    columns = (TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[now]}"))
+    with Progress(*columns, console=console) as progress:
+        try:
+            return pool.run(progress)
+        except BaseException:  # Ctrl-C, SIGTERM (cells.Interrupted), an error: no orphan cells
+            progress.stop()
+            stop_cells([proc for _, proc, _ in pool.running])
+            raise
+
+
+def stop_cells(procs: Sequence[subprocess.Popen], grace_s: float = 60.0,
+               settle_s: float = 2.0) -> None:
+    """Stop running cells so that none trains on orphaned (a later call would start the same
+    cell in the same folder): SIGTERM, which a cell handles like Ctrl-C (it writes
+    interrupted.json, and the next call resumes it from checkpoint_last), then SIGKILL after
+    grace_s. Processes that a Ctrl-C in the terminal reached already get settle_s to end first."""
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class _Pool:
+    """run_jobs' state: the queue and the running cells (job, process, log file)."""
+
+    def __init__(self, jobs: Sequence[Job], parallel: int,
+                 on_cell_done: Optional[Callable[[str], None]]):
+        self.queue = list(jobs)
+        self.parallel = parallel
+        self.on_cell_done = on_cell_done
+        self.running: list[tuple[Job, subprocess.Popen, object]] = []
+        self.env = _cell_env()
+
+    def _now(self) -> str:
+        return f"running: {', '.join(j.label for j, _, _ in self.running)}"
+
+    def _start(self, job: Job) -> None:
+        job.work.mkdir(parents=True, exist_ok=True)
+        run_dir = job.work / job.cell.name
+        log = open(job.work / f"{job.cell.name}.out", "w")
+        cmd = [sys.executable, "-m", "runner.cli", "train", *job.cell.overrides, "trainer.threads=1",
+               "trainer.progress=false", f"hydra.run.dir='{run_dir}'"]
+        self.running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                   env=self.env), log))
+
+    def _finish(self, job: Job, proc: subprocess.Popen, count: str = "") -> bool:
+        """Record a cell whose process ended; False when it crashed. `count` ends its line."""
+        cell = job.cell
+        record = record_from_run(job.work / cell.name, cell.key, cell.arm, cell.seed)
+        if record is None or record["status"] == "failed":
+            reason = (record or {}).get("reason") or f"exit code {proc.returncode}"
+            console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name}){count}")
+            return False
+        cell.record = record
+        job.records.put(record)
+        job.records.save()
+        console.print(f"{record['status']:>8} {job.label}: best valid loss "
+                      f"{fmt_number(record.get('best_valid_loss'), '.3f')}, BLEU "
+                      f"{fmt_number(record.get('bleu'), '.2f')}, {record.get('wall_s') or 0:.0f} s{count}")
+        return True
+
+    @staticmethod
+    def _count(ended: int, total: int, elapsed_s: float) -> str:
+        """The end of a finished cell's line in a log without the progress bar (not a terminal):
+        '[k of N cells, ~T left]', T at the pace so far."""
+        if console.is_terminal:
+            return ""
+        left = "" if ended == total else f", ~{format_duration(elapsed_s / ended * (total - ended))} left"
+        return f"  [{ended} of {total} cells{left}]"
+
+    def run(self, progress: Progress) -> int:
+        task = progress.add_task("cells", total=len(self.queue), now="")
+        crashed, ended, total, start = 0, 0, len(self.queue), time.monotonic()
+        while self.queue or self.running:
+            while self.queue and len(self.running) < self.parallel:
+                self._start(self.queue.pop(0))
+                progress.update(task, now=self._now())
+            time.sleep(2.0)
+            for item in list(self.running):
+                job, proc, log = item
+                if proc.poll() is None:
+                    continue
+                self.running.remove(item)
+                log.close()
+                ended += 1
+                crashed += not self._finish(job, proc, self._count(ended, total, time.monotonic() - start))
+                if self.on_cell_done is not None:
+                    try:
+                        self.on_cell_done(job.group)
+                    except Exception as err:  # the record is saved; a report must not stop the pool
+                        console.print(f"[yellow]warning[/] {job.group}: report not written: "
+                                      f"{type(err).__name__}: {err}")
+                progress.advance(task)
+                progress.update(task, now=self._now())
+        return crashed

@@ -1,0 +1,183 @@
+"""The real and gpu tiers: a target's Multi30k suite trained cell by cell on this machine with its
+records in results/<target>/<tier>/ (runner/tables/suite.py, runner/tables/pool.py), every
+real-tier suite's missing cells in one pool (`deepinit reproduce all`), and how far each suite
+has got (`deepinit reproduce status`)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from runner.console import format_duration
+from runner.sweep.plan import norm_key
+from runner.tables import pool, suite
+from runner.tables.all_schemes import feeds_all_schemes, refresh_all_schemes
+from runner.tables.plan import Request, cell_count, estimate_wall_s, gpu_visible, real_suite, sweep_dir_for
+from runner.tables.records import cell_key, results_root
+from runner.tables.report import write_report
+from runner.tables.targets import REAL_SUITE_ORDER, SUITE_TIERS, TARGETS, Target
+
+
+def run_real(target: Target, request: Request, tier: str = "real") -> int:
+    """SCALE=real or gpu: the target's Multi30k suite, cell by cell on this machine, with records
+    in results/<target>/<tier>/ (runner/tables/suite.py)."""
+    gpu = tier == "gpu"
+    # A plan or a report trains nothing: both work on a login node without a GPU.
+    trains = not (request.dry_run or request.table_only)
+    if (gpu and trains and not gpu_visible()
+            and not any(norm_key(o).startswith("trainer.device=") for o in request.overrides)):
+        print(f"deepinit reproduce: --scale gpu trains on CUDA, and no GPU is visible here "
+              f"(torch {torch.__version__}); use --scale real on a CPU", file=sys.stderr)
+        return 2
+    parallel = request.parallel or (1 if gpu else os.cpu_count() or 1)
+    work = sweep_dir_for(request.out.resolve(), target.name, tier)
+    # Overrides that only pick among the preset's own cells (part of the suite) keep the suite's
+    # records and report in results/, and the report stays the whole suite's. Overrides that make
+    # other cells (another lr, other data) are a variant: its records and report go beside its
+    # run folders, so results/ only ever holds the preset's own cells.
+    whole = real_suite(target, (), tier)
+    own = {cell_key(c.key) for c in whole.cells}
+    variant = not all(cell_key(c.key) in own for c in suite.plan(whole.part.preset, list(request.overrides)))
+    real = real_suite(target, request.overrides, tier, records_dir=work if variant else None)
+    part, cells, records, todo, minutes = real.part, real.cells, real.records, real.todo, real.minutes
+    shown = cells if variant else whole.cells
+    print(f"reproduce-{target.name} (real data{', GPU' if gpu else ''}): {target.title}")
+    where = (f"{work} (overrides that change the preset's cells: a variant, kept out of results/)"
+             if variant else suite.results_dir(target.name, tier))
+    print(f"preset sweeps/{part.preset}.yaml: {len(cells)} cells, {len(cells) - len(todo)} with a "
+          f"record in {where}; run folders in {work}")
+    for c in cells:
+        print(f"  {c.label}   [{c.record['status'] if c.record else 'to train'}]")
+    if minutes:
+        wall = estimate_wall_s([minutes * 60] * len(todo), parallel)
+        where = "of one GPU to itself" if gpu else "on one core of an idle 2-core machine"
+        print(f"estimated wall time: ~{format_duration(wall)} for {cell_count(len(todo))}, {parallel} at a time "
+              f"(~{minutes:.0f} min per cell {where})")
+    if request.dry_run:
+        return 0
+
+    def report(_group: str = "") -> Path:
+        suite.attach_records(shown, records)
+        path = write_report(target.name, target.title, part.preset, shown, tier,
+                            out=work if variant else None)
+        if tier == "real" and not variant and feeds_all_schemes(target.name):
+            refresh_all_schemes()
+        return path
+
+    # the report follows the records cell by cell, so an interrupted suite leaves both in step
+    crashed = 0 if request.table_only else pool.run_cells(cells, work, records, parallel, report)
+    path = report()
+    print()
+    print(path.read_text())
+    print(f"wrote {path} and {records.path}")
+    if crashed:
+        print(f"{crashed} cell(s) failed: their train.log files in {work} say why", file=sys.stderr)
+    return 1 if crashed else 0
+
+
+def run_all_real(request: Request) -> int:
+    """Every real-tier suite's cells without a record (or those of `--suites`, in that order),
+    `--parallel` at a time in one pool (a core freed at the end of one suite starts the next
+    suite's first cell); a suite's report is rewritten after each of its cells, so the records
+    and the report stay in step when the pool is stopped."""
+    if request.overrides:
+        print("deepinit reproduce all: overrides change one target's cells; run that target by itself",
+              file=sys.stderr)
+        return 2
+    parallel = request.parallel or os.cpu_count() or 1
+    names = list(dict.fromkeys(request.suites or REAL_SUITE_ORDER))  # once each, in order
+    jobs, costs, plans = [], [], {}
+    print(f"reproduce all (real data): {len(names)} suites, records in {results_root()}")
+    for name in names:
+        real = plans[name] = real_suite(TARGETS[name])
+        todo, work = real.todo, sweep_dir_for(request.out.resolve(), name, "real")
+        jobs += [pool.Job(cell, work, real.records, name) for cell in todo]
+        costs += [real.minutes * 60] * len(todo)
+        print(f"  {name:24s} {len(real.cells) - len(todo):3d} of {len(real.cells):3d} cells have a record; "
+              f"{len(todo)} to train (~{real.minutes:.0f} min each)")
+    print(f"estimated wall time: ~{format_duration(sum(costs) / parallel)} for {cell_count(len(jobs))}, "
+          f"{parallel} at a time on an idle machine (each preset's cpu_minutes_per_cell)")
+    if request.dry_run:
+        return 0
+
+    def report(name: str, with_all_schemes: bool = True) -> Path:
+        real = plans[name]
+        path = write_report(name, real.target.title, real.part.preset, real.cells)
+        if with_all_schemes and feeds_all_schemes(name):
+            refresh_all_schemes()
+        return path
+
+    crashed = 0 if request.table_only else pool.run_jobs(jobs, parallel, report)
+    for name in plans:  # every report, finished or not, from the records as they are now
+        print(f"{name}: report written to {report(name, with_all_schemes=False)}")
+    if any(feeds_all_schemes(name) for name in plans):
+        refresh_all_schemes()
+    if crashed:
+        print(f"{crashed} cell(s) failed: their .out files under {request.out.resolve()} say why", file=sys.stderr)
+    return 1 if crashed else 0
+
+
+def real_tier_status(parallel: int) -> list[dict]:
+    """Per target with a real tier (and, as "<target> (gpu)", per gpu tier): planned cells,
+    records by status, verdicts by kind, and the estimated wall time of the cells without a
+    record (`parallel` at a time on CPU, one at a time on a GPU; each preset's minutes per
+    cell)."""
+    rows = []
+    tiers = [(t, tier) for tier in SUITE_TIERS for t in TARGETS.values() if tier in t.parts]
+    for target, tier in tiers:
+        real = real_suite(target, tier=tier)
+        cells, minutes = real.cells, real.minutes
+        done = [c.record for c in cells if c.record is not None]
+        decoded = suite.suite_decodes(cells)
+        todo = len(cells) - len(done)
+        verdict_counts: dict[str, int] = {}
+        for verdict in suite.verdicts(real.part.preset, cells):
+            verdict_counts[verdict.verdict] = verdict_counts.get(verdict.verdict, 0) + 1
+        rows.append({"target": target.name + (" (gpu)" if tier == "gpu" else ""), "tier": tier,
+                     "cells": len(cells), "records": len(done),
+                     # the rule book's outcomes ("ok": trained)
+                     **{status: sum(suite.cell_outcome(r, decoded) == status for r in done)
+                        for status in ("ok", "diverged", "collapsed", "stalled", "below_bar")},
+                     "verdicts": verdict_counts,
+                     "remaining_s": estimate_wall_s([minutes * 60] * todo, 1 if tier == "gpu" else parallel)
+                     if minutes else None})
+    return rows
+
+
+def print_status(parallel: int) -> int:
+    """`deepinit reproduce status`: how far every real-tier suite has got, from results/ alone."""
+    from rich import box  # noqa: PLC0415 (only this view draws a table)
+    from rich.table import Table  # noqa: PLC0415 (see above)
+
+    from runner.console import console  # noqa: PLC0415 (see above)
+
+    rows = real_tier_status(parallel)
+    table = Table(title=f"real-data suites: records in {results_root()}", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in ("target", "cells", "not trained", "claims", "left"):
+        # only the claims wrap, so that a narrow terminal or a pipe cuts no number short
+        table.add_column(col, justify="left" if col in ("target", "claims") else "right",
+                         no_wrap=col != "claims", overflow="fold" if col == "claims" else "ellipsis")
+    order = ("reproduced", "not reproduced", "underpowered", "inconclusive", "incomplete", "not run")
+    for r in rows:
+        verdicts = ", ".join(f"{r['verdicts'][v]} {v}" for v in
+                             sorted(r["verdicts"], key=lambda v: (order + (v,)).index(v))) or "-"
+        remaining = ("done" if r["records"] == r["cells"] else
+                     "-" if r["remaining_s"] is None else f"~{format_duration(r['remaining_s'])}")
+        failed = " ".join(f"{r[k]}{letter}" for k, letter in (("diverged", "d"), ("collapsed", "c"),
+                                                                 ("stalled", "s"), ("below_bar", "b")) if r[k])
+        table.add_row(r["target"], f"{r['records']}/{r['cells']}", failed or "0", verdicts, remaining)
+    total_left = sum(r["remaining_s"] or 0 for r in rows if r["tier"] == "real")
+    gpu_left = sum(r["remaining_s"] or 0 for r in rows if r["tier"] == "gpu")
+    console.print(table)
+    console.print(f"cells: with a record / planned (a crashed cell gets no record and runs again); "
+                  f"not trained: the cells that did not train, by the rule book (d diverged, c collapsed, "
+                  f"s stalled, b below the BLEU bar); claims: verdicts so far; left: "
+                  f"estimated wall time of the cells without a record, {parallel} at a time on an idle "
+                  f"machine (each preset's cpu_minutes_per_cell); in all ~{format_duration(total_left)} of "
+                  f"CPU suites, plus ~{format_duration(gpu_left)} of (gpu) suites, one cell at a time on one "
+                  "GPU (estimated). `deepinit reproduce TARGET --scale real|gpu` runs a suite's missing "
+                  "cells.")
+    return 0

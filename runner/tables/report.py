@@ -1,0 +1,272 @@
+"""A suite's report: a row per arm (seeds, outcomes by the rule book, means with spread and 95%
+intervals over seeds), notes on how cells failed or stopped, and each claim with its verdict,
+written to results/<target>/<tier>/report.md with its plots (runner/tables/plots.py)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from runner.decode.signature import signature_note
+from runner.files import atomic_write_text
+from runner.sweep.report import markdown_table
+from runner.tables.evidence import Summary, Verdict, summarize
+from runner.tables.plots import grid_axes, plot_curves, plot_grid, plot_transfer, transfer_panels
+from runner.tables.rulebook import blow_up_cause, describe, rulebook
+from runner.tables.suite import (
+    SuiteCell,
+    cell_bleu_last,
+    cell_outcome,
+    finite_mean,
+    finite_values,
+    fmt_number,
+    load_preset_value,
+    results_dir,
+    suite_decodes,
+    verdicts,
+)
+
+BLEU_LAST_NOTE = ("BLEU last ckpt: the tokenized BLEU of each ok seed's last checkpoint alone "
+                  "(trainer.final_bleu_last, or measured afterwards: last-checkpoint-bleu.jsonl), beside "
+                  "BLEU (tok) of the last 5 checkpoints averaged; '-' unless every ok seed of the arm has it.")
+SLOPE_NOTE = ("slope: change of the validation loss per 1,000 updates over each run's last 400 updates (mean "
+              "over the arm's ok seeds); near 0 when the curve has flattened.")
+
+
+def _summary_text(s: Summary, spec: str) -> str:
+    if s.mean is None:
+        return "-"
+    if s.std is None:
+        return f"{s.mean:{spec}} (n=1)"
+    return f"{s.mean:{spec}} ± {s.std:{spec}} [{s.ci_low:{spec}}, {s.ci_high:{spec}}]"
+
+
+def curve_slope(curve: Sequence[Sequence[float]], span: int = 400) -> Optional[float]:
+    """Change of the validation loss per 1,000 updates over the last `span` updates of a curve
+    of (update, loss) points: near 0 when the curve has flattened."""
+    if len(curve) < 2:
+        return None
+    last_step, last_loss = curve[-1]
+    earlier = [p for p in curve if p[0] <= last_step - span] or [curve[0]]
+    step, loss = earlier[-1]
+    return None if step == last_step else 1000.0 * (last_loss - loss) / (last_step - step)
+
+
+def arms_of(cells: Sequence[SuiteCell]) -> dict[tuple, list[SuiteCell]]:
+    """The cells grouped by arm (the axes other than the seed), in the order the arms first appear."""
+    arms: dict[tuple, list[SuiteCell]] = {}
+    for cell in cells:
+        arms.setdefault(tuple(cell.arm.items()), []).append(cell)
+    return arms
+
+
+# the columns arm_row gives, after the arm's name and before the training minutes
+ARM_COLUMNS = ("seeds", "diverged", "collapsed", "stalled", "< BLEU bar", "BLEU (tok)", "sacreBLEU",
+               "best valid loss", "slope")
+BLEU_LAST_COLUMN = "BLEU last ckpt"  # after "BLEU (tok)", in a table where some cell has bleu_last
+
+
+def arm_columns(last: bool = False) -> tuple[str, ...]:
+    """ARM_COLUMNS, with the last checkpoint's BLEU after the averaged one when `last`."""
+    i = ARM_COLUMNS.index("BLEU (tok)") + 1
+    return ARM_COLUMNS[:i] + ((BLEU_LAST_COLUMN,) if last else ()) + ARM_COLUMNS[i:]
+
+
+def _arm_bleu_last(members: Sequence[SuiteCell]) -> Optional[list[float]]:
+    """The last checkpoint's BLEU of each ok seed of an arm, or None unless every ok seed has it
+    (a mean over some of the seeds would not compare with the averaged BLEU beside it)."""
+    ok = [c for c in members if c.record is not None and c.record["status"] == "ok"]
+    values = [cell_bleu_last(c) for c in ok]
+    if not ok or any(v is None for v in values):
+        return None
+    return [v for v in values if math.isfinite(v)]
+
+
+def has_bleu_last(cells: Sequence[SuiteCell]) -> bool:
+    """Whether some arm of these cells has the last checkpoint's BLEU of every ok seed."""
+    return any(_arm_bleu_last(members) is not None for members in arms_of(cells).values())
+
+
+def arm_row(members: Sequence[SuiteCell], gpu: bool = False, last: bool = False,
+            decoded: Optional[bool] = None) -> list[str]:
+    """One arm's columns after its name: seeds with a record / planned; how many diverged,
+    collapsed, stalled, or decoded below the BLEU bar (rule book outcomes; "-" for the bar in a
+    suite that does not decode, `decoded`); BLEU (with `last`, the last checkpoint's BLEU),
+    sacreBLEU, best validation loss (means over the seeds that neither diverged, collapsed nor
+    stalled), curve slope, minutes of training; `gpu` adds the seconds per update and the peak GPU
+    memory."""
+    done = [c.record for c in members if c.record is not None]
+    decoded = suite_decodes(members) if decoded is None else decoded
+    outcomes = [cell_outcome(r, decoded) for r in done]
+    ok = [r for r, o in zip(done, outcomes) if o in ("ok", "below_bar")]  # what the means average
+
+    def values(key: str, ok_only: bool = True) -> list[float]:
+        return finite_values(ok if ok_only else done, key, ok_only=False)
+
+    bleu_last = _arm_bleu_last(members)
+    return [
+        f"{len(done)}/{len(members)}",
+        *(str(outcomes.count(o)) for o in ("diverged", "collapsed", "stalled")),
+        str(outcomes.count("below_bar")) if decoded else "-",
+        _summary_text(summarize(values("bleu")), ".2f"),
+        *(("-" if bleu_last is None else _summary_text(summarize(bleu_last), ".2f"),) if last else ()),
+        _summary_text(summarize(values("sacrebleu")), ".2f"),
+        _summary_text(summarize(values("best_valid_loss")), ".3f"),
+        fmt_number(finite_mean([curve_slope(r.get("valid_curve") or []) for r in ok]), "+.3f"),
+        fmt_number(sum(r.get("wall_s") or 0 for r in done) / 60, ".0f"),
+        *((fmt_number(finite_mean(values("seconds_per_update", ok_only=False)), ".3f"),
+           fmt_number(finite_mean(values("peak_memory_mb", ok_only=False)), ",.0f")) if gpu else ()),
+    ]
+
+
+def arm_rows(cells: Sequence[SuiteCell], gpu: bool = False, last: bool = False) -> list[list[str]]:
+    """One row per arm; `gpu` adds the seconds per update and the peak GPU memory, `last` the
+    last checkpoint's BLEU."""
+    return [[" ".join(f"{k}={v}" for k, v in arm), *arm_row(members, gpu, last)]
+            for arm, members in arms_of(cells).items()]
+
+
+def provenance(records: Sequence[dict]) -> str:
+    """The commits and machines that produced these records, in one line."""
+    commits = sorted({(r.get("machine") or {}).get("git_commit") or "?" for r in records})
+    machines = sorted({f"{(r.get('machine') or {}).get('device_name')}, "
+                       f"{(r.get('machine') or {}).get('threads')} thread(s), torch "
+                       f"{(r.get('machine') or {}).get('torch')}" for r in records})
+    line = f"Commits: {', '.join(c[:10] for c in commits) or '-'}. Machines: {'; '.join(machines) or '-'}."
+    wall = [r["wall_s"] / 60 for r in records if r.get("wall_s")]
+    if wall:  # what a user plans a sitting by; a diverged cell stops early and counts as it ran
+        line += (f" Wall time per cell: median {float(np.median(wall)):.1f} min "
+                 f"({min(wall):.1f} to {max(wall):.1f}).")
+    return line
+
+
+def blow_up_note(cells: Sequence[SuiteCell]) -> str:
+    """When the diverged cells blew up: at initialization (the loss at update 0 already above the
+    divergence bound), during training, or unknown (a record from before the loss at update 0 was
+    recorded); "" when no cell diverged."""
+    diverged = [c for c in cells if c.record is not None and c.record["status"] == "diverged"]
+    if not diverged:
+        return ""
+    causes = [blow_up_cause(c.record, load_preset_value(c, "trainer.divergence.loss_bound")) for c in diverged]
+    counts = ", ".join(f"{causes.count(k)} {k}" for k in ("at initialization", "during training", "unknown")
+                       if causes.count(k))
+    return (f"Diverged cells by when they blew up (the loss at update 0 against the divergence bound): {counts}"
+            + ("; unknown: a record without the loss at update 0 (trained before it was recorded)."
+               if "unknown" in causes else "."))
+
+
+def stop_note(cells: Sequence[SuiteCell]) -> str:
+    """Where the stopping rule ended the runs of a suite that sets one ("" when no record has it)."""
+    ran = [c.record for c in cells if c.record is not None and c.record.get("stopped_early") is not None]
+    if not ran or not any(r.get("early_stop") or r.get("stopped_early") for r in ran):
+        return ""
+    stopped = sorted(r["stop_update"] for r in ran if r.get("stopped_early"))
+    capped = len(ran) - len(stopped)
+    text = f"Stopping rule: {len(stopped)} of {len(ran)} cells stopped on a flat curve"
+    if stopped:
+        text += f" (at update {stopped[0]:,} to {stopped[-1]:,})"
+    if capped:
+        text += f"; {capped} reached the cap still improving, so their scores are at a budget, not at convergence"
+    return text + "."
+
+
+def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
+    done = [c.record for c in cells if c.record is not None]
+    gpu = tier == "gpu"
+    last = has_bleu_last(cells)
+    signature = signature_note(done)  # the sacreBLEU column's true signature
+    header = ["arm", *arm_columns(last), "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
+    lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
+             f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
+             f"Each arm: {MEAN_WORDS}", "",
+             describe(rulebook()) + ("" if suite_decodes(cells) else
+                                     " This suite scores validation loss only, so no BLEU bar applies."), "",
+             provenance(done), "",
+             markdown_table(header, arm_rows(cells, gpu, last)), "",
+             *([blow_up_note(cells), ""] if blow_up_note(cells) else []),
+             *([stop_note(cells), ""] if stop_note(cells) else []),
+             SLOPE_NOTE, "",
+             *([signature, ""] if signature else []),
+             *([BLEU_LAST_NOTE, ""] if last else []),
+             *(["s/update: training seconds per update; peak MiB: the CUDA allocator's peak of "
+                "the cell's process (means over the arm's trained seeds, whatever their status).",
+                ""] if gpu else []),
+             *([f"heatmap.png: per {' '.join(grid_axes(preset))} setting, the mean best validation "
+                "loss of the ok seeds and how many seeds diverged or stalled.", ""]
+               if grid_axes(preset) else []),
+             *(["transfer.png: for each transfer claim, the mean best validation loss against "
+                "the tuned setting, one line per depth; a star marks each line's best, dots the "
+                "seeds, crosses on the top edge diverged or stalled cells.", ""]
+               if transfer_panels(preset, []) else []),
+             "## Claims (rules written in the preset before the run)", "",
+             "A verdict is final once every cell of the arms it compares has a record; until then "
+             "it reads \"incomplete\". A claim marked † was added later, for the reason given "
+             "below the table; it stands beside the claims written before the run and replaces "
+             "none of them. \"rule book v1\" gives the verdict under the first rules where it "
+             "differs, with the reason below the table.", ""]
+    judged = verdicts(preset, cells)
+    old = verdicts(preset, cells, version=1)
+    rows = [[v.claim.id + (" †" if v.claim.added else ""), v.claim.text, v.measured, f"**{v.verdict}**",
+             "same" if o.verdict == v.verdict else o.verdict] for v, o in zip(judged, old)]
+    lines += [markdown_table(["claim", "paper", "measured", "verdict", "rule book v1"], rows)
+              if rows else "(none)", ""]
+    changed = [f"- {v.claim.id}: {o.verdict} under v1, {v.verdict} now: {change_reason(o, v)}"
+               for v, o in zip(judged, old) if o.verdict != v.verdict]
+    if changed:
+        lines += ["Verdicts that changed with the rule book:", "", *changed, ""]
+    reasons: dict[str, list[str]] = {}  # claims added for one reason share its line
+    for v in judged:
+        if v.claim.added:
+            reasons.setdefault(v.claim.added, []).append(v.claim.id)
+    lines += [f"† {', '.join(ids)}: {reason}" for reason, ids in reasons.items()]
+    if any(v.claim.added for v in judged):
+        lines.append("")
+    return "\n".join(lines)
+
+
+MEAN_WORDS = ("mean ± std over seeds [95% Student-t CI of the mean]; seeds that diverged, collapsed or "
+              "stalled are counted apart and left out of the means; seeds below the BLEU bar are counted "
+              "and kept in them.")
+
+
+def change_reason(old: Verdict, new: Verdict) -> str:
+    """One sentence on why a claim's verdict differs between rule book v1 (`old`) and the current one."""
+    d, kind = new.details, new.claim.kind
+    provisional = new.verdict == "incomplete" or old.verdict == "incomplete"
+    prefix = "(provisional) " if provisional else ""
+    if kind in ("trains", "fails_to_train", "more_failed"):
+        extra = {k: d.get(k, 0) for k in ("collapsed", "below_bar") if d.get(k)}
+        if extra:
+            names = {"collapsed": "collapsed", "below_bar": "below the BLEU bar"}
+            words = " and ".join(f"{n} {names[k]}" for k, n in extra.items())
+            return (prefix + f"v2 counts {words} as not trained (v1 read the recorded status"
+                    + (" and the claim's own BLEU bar)" if new.claim.min_bleu is not None else ")"))
+        return prefix + "v2 applies one BLEU bar and the collapse rule to every suite, in place of the claim's own bar."
+    if kind == "better":
+        if "p" in d:
+            p = d.get("p_holm", d["p"])
+            return (prefix + f"v1 read the 95% bootstrap interval, which with {d.get('paired')} seeds is their "
+                    f"range; v2's one-sided paired t-test gives p={p:.3g}"
+                    + (f" after Holm over {d['family_size']} comparisons" if d.get("family_size", 1) > 1 else "")
+                    + (f", and the paper's effect is below the {d['mde']:.2f} detectable at 80% power"
+                       if new.verdict == "underpowered" else "") + ".")
+        return prefix + "v2 counts collapsed cells and cells below the BLEU bar as not trained."
+    if kind == "same_best":
+        return (prefix + f"v2 also asks each seed's own best to be the shared best; "
+                f"{d.get('seeds_agreeing', 0)} of {len(d.get('per_seed_best', {}))} seeds agree.")
+    return prefix + "v2 reads the cells' outcomes under its own definitions."
+
+
+def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],
+                 tier: str = "real", out: Optional[Path] = None) -> Path:
+    """report.md and its plots in `out` (default: the suite's results folder)."""
+    out = results_dir(target, tier) if out is None else out
+    out.mkdir(parents=True, exist_ok=True)
+    text = render(target, title, preset, cells, tier)
+    atomic_write_text(out / "report.md", text)  # rewritten after every cell
+    plot_curves(cells, out / "curves.png")
+    plot_grid(preset, cells, out / "heatmap.png")
+    plot_transfer(preset, cells, out / "transfer.png")
+    return out / "report.md"
