@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DEEPINIT, TINY, compose, run_cli
+from conftest import DEEPINIT, TINY, compose, run_cli_here
 
 from runner.run.train import train
 
@@ -21,7 +21,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def test_run_folder_contents(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["train", *TINY, "trainer.tensorboard=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    proc = run_cli_here(["train", *TINY, "trainer.tensorboard=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     names = {p.name for p in run_dir.iterdir()}
     for expected in (".hydra", "train.log", "metrics.jsonl", "checkpoint_last.pt", "env.json",
@@ -43,11 +43,11 @@ def test_run_folder_contents(tmp_path):
 
 
 def test_default_run_name_comes_from_overrides(tmp_path):
-    proc = run_cli(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
+    proc = run_cli_here(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     runs = list((tmp_path / "outputs" / "runs").iterdir())
     assert len(runs) == 1 and "trainer.max_updates=10" in runs[0].name and "model=ci" in runs[0].name
-    again = run_cli(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
+    again = run_cli_here(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
     assert again.returncode == 0 and "already finished" in again.stdout + again.stderr
 
 
@@ -55,7 +55,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     args = [*TINY, "trainer.max_updates=400", "trainer.save_interval=20", "trainer.valid_interval=100",
             "trainer.log_interval=10", "data.toy.train_size=2000", "model.dropout=0.1"]
     reference = tmp_path / "reference"
-    proc = run_cli(["train", *args, f"hydra.run.dir={reference}"], cwd=tmp_path)
+    proc = run_cli_here(["train", *args, f"hydra.run.dir={reference}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
 
     killed = tmp_path / "killed"
@@ -73,7 +73,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     child.wait()
     assert not (killed / "result.json").exists(), "the run finished before it could be killed"
 
-    proc = run_cli(["train", *args, f"hydra.run.dir={killed}"], cwd=tmp_path)
+    proc = run_cli_here(["train", *args, f"hydra.run.dir={killed}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "resumed from" in (killed / "train.log").read_text()
     a = json.loads((reference / "result.json").read_text())
@@ -110,7 +110,7 @@ def test_divergence_on_bound(tmp_path):
 
 def test_multirun_sweep_skips_finished_cells(tmp_path):
     args = ["-m", "optim.lr=1e-4,5e-4", "norm=post,pre", *TINY, "trainer.max_updates=10"]
-    proc = run_cli(args, cwd=tmp_path)
+    proc = run_cli_here(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     sweeps = list((tmp_path / "outputs" / "multirun").iterdir())
     assert len(sweeps) == 1
@@ -119,7 +119,7 @@ def test_multirun_sweep_skips_finished_cells(tmp_path):
     assert sum("norm=post" in c.name for c in cells) == sum("norm=pre" in c.name for c in cells) == 2
     stamps = {c: (c / "result.json").stat().st_mtime for c in cells}
     (cells[0] / "result.json").unlink()  # an unfinished cell: resumed from its checkpoint
-    proc = run_cli(args, cwd=tmp_path)
+    proc = run_cli_here(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (cells[0] / "result.json").exists()
     for cell in cells[1:]:
@@ -159,7 +159,7 @@ def test_sweep_cell_with_a_rejected_config_is_failed_and_the_sweep_goes_on(tmp_p
     from runner.sweep.report import read_cell
 
     sweep = tmp_path / "sweep"
-    proc = run_cli(["-m", "init=admin", "norm=pre,post", *TINY, "trainer.max_updates=10",
+    proc = run_cli_here(["-m", "init=admin", "norm=pre,post", *TINY, "trainer.max_updates=10",
                     f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr  # a sweep with a failed cell exits 1, after every cell ran
     assert "Traceback" not in proc.stderr
