@@ -1,8 +1,9 @@
 """End-to-end behaviour of a run: folder contents, exact resume after SIGKILL, divergence,
-sweeps that skip finished cells."""
+sweeps that skip finished cells, and a short run of every norm, placement and scaling method."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DEEPINIT, TINY, compose, run_cli_here
+from method_helpers import one_thread  # noqa: F401 (a fixture)
 
 from runner.run.train import train
 
@@ -184,3 +186,38 @@ def test_unpadded_training_follows_the_padded_run(tmp_path):
         assert json.loads((tmp_path / unpad / "env.json").read_text())["unpad"] is (unpad == "null")
     assert len(curves["null"]) == 6 and curves["null"][-1] < curves["null"][0]
     assert curves["null"] == pytest.approx(curves["false"], rel=1e-4)
+
+
+# One short run per method on the toy task, through runner.run.train.train: (updates, overrides).
+METHODS = {
+    # norm placements (runner/model/sublayer.py; tests/model/test_sublayer.py)
+    "mix": (20, ["norm=mix", "norm.mix_ratio=0.5", "model.layers=4"]),
+    "peri": (20, ["norm=peri", "optim=radam", "warmup=none"]),
+    "layernorm_scaling": (20, ["norm=pre", "norm.layernorm_scaling=true", "model.layers=3"]),
+    # norms (runner/model/norms.py; tests/model/test_norms.py)
+    "b2t": (20, ["norm=b2t", "optim=radam", "warmup=none", "model.encoder_layers=3"]),
+    "resi_dual": (20, ["norm=resi_dual", "norm.resi_dual_scale=0.05", "optim=sgd", "optim.lr=0.05",
+                       "optim.momentum=0.9", "schedule=constant", "model.activation_checkpointing=true"]),
+    "dyt": (20, ["norm=pre", "norm.kind=dyt", "optim=adam", "warmup.updates=10"]),
+    "scalenorm_fixnorm": (20, ["norm=pre", "norm.kind=scalenorm", "model.fixnorm=true", "trainer.update_freq=2"]),
+    # QK-norm, sigma-reparam (tests/model/test_attention_qk_norm.py, test_linear_sigma_reparam.py),
+    # LayerScale and Depth-muP/CompleteP (tests/init/test_init_layerscale_depth_mup.py)
+    "qk_l2": (10, ["model.qk_norm=l2"]),
+    "qk_ln_radam_nowarmup": (10, ["model.qk_norm=layernorm", "norm=pre", "optim=radam", "warmup.updates=0"]),
+    "sigma_one_admin": (10, ["model.sigma_reparam=true", "model.sigma_reparam_gamma_init=one", "init=admin"]),
+    "layerscale": (10, ["init=layerscale", "norm=pre", "model.qk_norm=rmsnorm"]),
+    "completep": (10, ["init=depth_mup", "norm=pre", "init.depth_mup_base_layers=1", "init.depth_mup_exponent=1.0"]),
+    "depth_mup_sgd_sigma": (10, ["init=depth_mup", "norm=pre", "init.depth_mup_base_layers=4", "optim=sgd",
+                                 "optim.lr=0.05", "model.sigma_reparam=true"]),
+}
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_trains(method, tmp_path):
+    """A short run ends ok, after the updates asked for, with finite losses."""
+    updates, overrides = METHODS[method]
+    result = train(compose([*TINY, "trainer.progress=false", f"trainer.max_updates={updates}", *overrides]),
+                   tmp_path)
+    assert result["status"] == "ok" and result["updates"] == updates
+    assert math.isfinite(result["train_loss"]) and math.isfinite(result["valid_loss"])
