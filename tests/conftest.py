@@ -114,6 +114,20 @@ def run_cli_here(args: list[str], cwd: Path, env: dict | None = None,
     return subprocess.CompletedProcess(["deepinit", *args], code, out.getvalue(), err.getvalue())
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One `deepinit train` of the TINY run (TensorBoard on, the last 2 numbered checkpoints kept),
+    made once per session for the tests that each read another part of it (folder contents, the
+    start summary, `analyze dependency`, telemetry off): (run folder, the command's output). They
+    only read the folder."""
+    root = tmp_path_factory.mktemp("tiny_run")
+    run_dir = root / "run"
+    proc = run_cli_here(["train", *TINY, "trainer.tensorboard=true", "trainer.keep_checkpoints=2",
+                         f"hydra.run.dir={run_dir}"], cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc
+
+
 @pytest.fixture
 def tiny_overrides():
     return list(TINY)

@@ -15,10 +15,8 @@ from runner.console import Overview, overview_text, progress_bar, track
 MAX_LINE = 200
 
 
-def test_start_summary_and_config_placement(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli_here(["train", *TINY, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def test_start_summary_and_config_placement(tiny_run):
+    run_dir, proc = tiny_run  # conftest: deepinit train *TINY (TensorBoard on, 2 checkpoints kept)
     out = proc.stdout
     result = json.loads((run_dir / "result.json").read_text())
     start = out[:out.index("run folder")]

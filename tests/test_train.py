@@ -21,10 +21,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_run_folder_contents(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli_here(["train", *TINY, "trainer.tensorboard=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def test_run_folder_contents(tiny_run):
+    run_dir, proc = tiny_run  # conftest: deepinit train *TINY trainer.tensorboard=true, 2 checkpoints kept
     names = {p.name for p in run_dir.iterdir()}
     for expected in (".hydra", "train.log", "metrics.jsonl", "checkpoint_last.pt", "env.json",
                      "result.json", "init.json"):
