@@ -32,6 +32,17 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None =
                           timeout=timeout, env=env, **kwargs)
 
 
+def run_cli_all(commands: dict, timeout: float = 300) -> dict[object, subprocess.CompletedProcess]:
+    """run_cli for each {key: (args, cwd)}, each in its own process, as many at a time as there are
+    CPU cores: for tests that each check one command at the process boundary (exit code, stderr),
+    whose commands are independent. {key: the command's CompletedProcess}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {key: pool.submit(run_cli, args, cwd, timeout) for key, (args, cwd) in commands.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+
 class _Stdio(io.StringIO):
     """A text stream for sys.stdout/sys.stderr that reads like the pipe `run_cli` gives the
     command: not a terminal, and with no file descriptor of its own."""
