@@ -54,17 +54,19 @@ class _Stdio(io.StringIO):
 def run_cli_here(args: list[str], cwd: Path, env: dict | None = None,
                  columns: int = 200) -> subprocess.CompletedProcess:
     """`deepinit args` as `run_cli` runs it (cwd, environment with OMP_NUM_THREADS=1 (torch: one
-    thread) and COLUMNS=columns, stdout and stderr captured as text, the exit code), but in this process through
-    runner.cli.main, the function the `deepinit` script calls, without a new interpreter's start-up
-    (torch and Hydra imports: seconds per call). For tests whose subject is what a command does, not
-    the process boundary (those keep `run_cli`). The process state a command changes is put back:
-    cwd, os.environ, sys.argv, signal handlers, logging handlers (Hydra's job logging), torch's
-    thread count, Hydra's global state, and the rich consoles, which read COLUMNS afresh."""
+    thread) and COLUMNS=columns, stdout and stderr captured as text, the exit code), but in this
+    process through runner.cli.main, the function the `deepinit` script calls, without a new
+    interpreter's start-up (torch and Hydra imports: seconds per call). For tests whose subject is
+    what a command does, not the process boundary (those keep `run_cli`). The process state a
+    command changes is put back: cwd, os.environ, sys.argv, signal handlers, logging handlers
+    (Hydra's job logging), torch's thread count, Hydra's global state (GlobalHydra, HydraConfig),
+    and the rich consoles, which read COLUMNS afresh."""
     import logging
 
     import rich
     import torch
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
 
     import runner.cli
     import runner.cli.train as cli_train
@@ -78,7 +80,7 @@ def run_cli_here(args: list[str], cwd: Path, env: dict | None = None,
                                 if isinstance(lg, logging.Logger)]
     saved_logging = {lg: (lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers}
     saved_consoles = rich._console, console_module.console._width, console_module.console._height
-    saved_stdio = sys.stdout, sys.stderr
+    saved_stdio, saved_hydra_config = (sys.stdout, sys.stderr), HydraConfig.instance().cfg
     out, err = _Stdio(), _Stdio()
     code = 0
     try:
@@ -115,6 +117,7 @@ def run_cli_here(args: list[str], cwd: Path, env: dict | None = None,
         rich._console = saved_consoles[0]
         console_module.console._width, console_module.console._height = saved_consoles[1:]
         GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = saved_hydra_config
         torch.set_num_threads(saved_threads)
         for s, handler in saved_signals.items():
             signal.signal(s, handler)
