@@ -1,7 +1,9 @@
 """Shared helpers: compose configs exactly as the CLI does, and run the real `deepinit`."""
 from __future__ import annotations
 
+import io
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,116 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None =
     env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     return subprocess.run([str(DEEPINIT), *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env, **kwargs)
+
+
+def run_cli_all(commands: dict, timeout: float = 300) -> dict[object, subprocess.CompletedProcess]:
+    """run_cli for each {key: (args, cwd)}, each in its own process, as many at a time as there are
+    CPU cores: for tests that each check one command at the process boundary (exit code, stderr),
+    whose commands are independent. {key: the command's CompletedProcess}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {key: pool.submit(run_cli, args, cwd, timeout) for key, (args, cwd) in commands.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+
+class _Stdio(io.StringIO):
+    """A text stream for sys.stdout/sys.stderr that reads like the pipe `run_cli` gives the
+    command: not a terminal, and with no file descriptor of its own."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def run_cli_here(args: list[str], cwd: Path, env: dict | None = None,
+                 columns: int = 200) -> subprocess.CompletedProcess:
+    """`deepinit args` as `run_cli` runs it (cwd, environment with OMP_NUM_THREADS=1 (torch: one
+    thread) and COLUMNS=columns, stdout and stderr captured as text, the exit code), but in this
+    process through runner.cli.main, the function the `deepinit` script calls, without a new
+    interpreter's start-up (torch and Hydra imports: seconds per call). For tests whose subject is
+    what a command does, not the process boundary (those keep `run_cli`). The process state a
+    command changes is put back: cwd, os.environ, sys.argv, signal handlers, logging handlers
+    (Hydra's job logging), torch's thread count, Hydra's global state (GlobalHydra, HydraConfig),
+    and the rich consoles, which read COLUMNS afresh."""
+    import logging
+
+    import rich
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    import runner.cli
+    import runner.cli.train as cli_train
+    from runner import console as console_module
+
+    env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "COLUMNS": str(columns)}
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv[:]
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved_threads = torch.get_num_threads()
+    loggers = [logging.root] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                if isinstance(lg, logging.Logger)]
+    saved_logging = {lg: (lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers}
+    saved_consoles = rich._console, console_module.console._width, console_module.console._height
+    saved_stdio, saved_hydra_config = (sys.stdout, sys.stderr), HydraConfig.instance().cfg
+    out, err = _Stdio(), _Stdio()
+    code = 0
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        GlobalHydra.instance().clear()
+        cli_train._task_started = False  # module state of one `deepinit train` process
+        rich._console = None  # Hydra's RichHandler console: made afresh, at this COLUMNS
+        console_module.console._width = console_module.console._height = None
+        torch.set_num_threads(1)  # what OMP_NUM_THREADS=1 gives a new process
+        sys.stdout, sys.stderr = out, err
+        try:
+            runner.cli.main(list(args))
+        except SystemExit as exit_:  # main always ends so
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        else:
+            raise AssertionError("runner.cli.main returned instead of exiting")
+    finally:
+        sys.stdout, sys.stderr = saved_stdio
+        for lg, (handlers, level, propagate, disabled) in saved_logging.items():
+            for handler in lg.handlers:
+                if handler not in handlers:
+                    handler.close()
+            lg.handlers[:] = handlers
+            lg.level, lg.propagate, lg.disabled = level, propagate, disabled
+        for lg in logging.Logger.manager.loggerDict.values():  # loggers the command made
+            if isinstance(lg, logging.Logger) and lg not in saved_logging:
+                for handler in lg.handlers[:]:
+                    handler.close()
+                    lg.removeHandler(handler)
+                lg.level, lg.propagate, lg.disabled = logging.NOTSET, True, False
+        logging.Logger.manager._clear_cache()  # the levels were set without setLevel
+        rich._console = saved_consoles[0]
+        console_module.console._width, console_module.console._height = saved_consoles[1:]
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = saved_hydra_config
+        torch.set_num_threads(saved_threads)
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
+        sys.argv[:] = saved_argv
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["deepinit", *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One `deepinit train` of the TINY run (TensorBoard on, the last 2 numbered checkpoints kept),
+    made once per session for the tests that each read another part of it (folder contents, the
+    start summary, `analyze dependency`, telemetry off): (run folder, the command's output). They
+    only read the folder."""
+    root = tmp_path_factory.mktemp("tiny_run")
+    run_dir = root / "run"
+    proc = run_cli_here(["train", *TINY, "trainer.tensorboard=true", "trainer.keep_checkpoints=2",
+                         f"hydra.run.dir={run_dir}"], cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc
 
 
 @pytest.fixture

@@ -10,11 +10,13 @@ from conftest import compose
 
 from runner import init as init_schemes
 from runner.analysis import common, grad_norms
+from runner.config import Config
 from runner.data.batching import collate, make_batches
 from runner.data.toy import build
+from runner.model.loss import label_smoothed_nll
 from runner.run.build import check_config
 from runner.run.build import model_for as build_model
-from runner.run.train import train
+from runner.train.optim import build_optimizer, set_lr
 
 SMALL = ["model=ci", "model.dropout=0.0", "data.toy.train_size=200", "data.toy.valid_size=20",
          "data.toy.test_size=20"]
@@ -57,15 +59,6 @@ def ln(norm, x):
     return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
 
 
-def assert_trains(overrides, tmp_path) -> None:
-    """A short training run on the toy task ends ok with finite losses."""
-    from conftest import TINY
-
-    result = train(compose([*TINY, "trainer.progress=false", *overrides]), tmp_path)
-    assert result["status"] == "ok"
-    assert math.isfinite(result["train_loss"]) and math.isfinite(result["valid_loss"])
-
-
 def assert_grad_norms_finite(configs, depth: int) -> None:
     """`analyze grad-norms` runs on these configurations: one finite, positive row per sublayer."""
     settings = common.settings_from(configs, ["model=ci"], [], compose)
@@ -75,3 +68,52 @@ def assert_grad_norms_finite(configs, depth: int) -> None:
             rows = entry[side]
             assert len(rows) == count
             assert all(math.isfinite(r["relative"]) and r["relative"] > 0 for r in rows)
+
+
+# ----- a model from a bare Config, without composing conf/ (the QK-norm, sigma-reparam, LayerScale
+# and Depth-muP tests): 2 heads, no dropout, a 40-word vocabulary
+PAD, EOS, VOCAB = 1, 2, 40
+
+
+def make_cfg(scheme: str = "xavier", norm: str = "pre", layers: int = 2, dim: int = 32,
+             ffn_dim: int = 64, encoder_layers=None, decoder_layers=None, model=None,
+             init=None, optim=None) -> Config:
+    cfg = Config()
+    cfg.init.name, cfg.norm.placement = scheme, norm
+    m = cfg.model
+    m.layers, m.dim, m.ffn_dim, m.heads, m.dropout = layers, dim, ffn_dim, 2, 0.0
+    m.encoder_layers, m.decoder_layers, m.max_positions = encoder_layers, decoder_layers, 64
+    for group, fields in ((cfg.model, model), (cfg.init, init), (cfg.optim, optim)):
+        for key, value in (fields or {}).items():
+            setattr(group, key, value)
+    return cfg
+
+
+def make_batch(seed: int = 0, rows: int = 4, src_len: int = 7, tgt_len: int = 6):
+    """(src, prev, target) with padding on both sides."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (rows, src_len), generator=g)
+    tgt = torch.randint(4, VOCAB, (rows, tgt_len), generator=g)
+    src[:, -1], tgt[:, -1] = EOS, EOS
+    src[0, -3:], tgt[0, -2:] = PAD, PAD
+    prev = torch.cat([torch.full((rows, 1), EOS), tgt[:, :-1]], dim=1)
+    prev[0, -1] = PAD
+    return src, prev, tgt
+
+
+def initialized(cfg, seed: int = 0):
+    torch.manual_seed(seed)
+    model = build_model(cfg, VOCAB, VOCAB, PAD)
+    init_schemes.apply(model, cfg, None)
+    return model
+
+
+def one_update(model, cfg, batch, lr: float = 1e-2):
+    optimizer = build_optimizer(model.parameters(), cfg, "cpu", init_schemes.param_groups(model, cfg))
+    set_lr(optimizer, lr)
+    src, prev, tgt = batch
+    loss, _ = label_smoothed_nll(model(src, prev), tgt, 0.1, PAD)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return optimizer

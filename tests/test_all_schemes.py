@@ -5,6 +5,7 @@ from results/ and trains nothing."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -14,7 +15,7 @@ from runner.tables.all_schemes import ALL_SCHEMES_SECTIONS, all_schemes_cells
 from runner.tables.combined import TableRows, render_combined
 from runner.tables.report import arms_of
 from runner.tables.targets import TARGETS
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -27,11 +28,18 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _config(overrides) -> dict:
-    cfg = _flat(dataclasses.asdict(compose(overrides)))
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: tuple[str, ...]) -> dict:
+    """Composed once per set of overrides: the recipe test asks for the defaults and each method's
+    settings once per arm."""
+    cfg = _flat(dataclasses.asdict(compose(list(overrides))))
     if cfg["model.qk_norm"] == "none":  # the temperature is read only by QK-norm
         cfg.pop("model.qk_norm_temperature")
     return cfg
+
+
+def _config(overrides) -> dict:
+    return dict(_composed(tuple(overrides)))
 
 
 def _method_settings(method: str) -> dict:
@@ -133,29 +141,29 @@ def test_the_command_writes_the_table_from_records_and_trains_nothing(tmp_path):
     path.write_text(json.dumps(record) + "\n")
     env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path)}
     page_path = tmp_path / "all-schemes" / "real" / "report.md"
-    dry = run_cli(["reproduce", "all-schemes", "--dry-run"], tmp_path, env=env)
+    dry = run_cli_here(["reproduce", "all-schemes", "--dry-run"], tmp_path, env=env)
     assert dry.returncode == 0 and "| method=b2t | schemes-norms | 1/3" in dry.stdout and not page_path.exists()
-    r = run_cli(["reproduce", "all-schemes"], tmp_path, env=env)
+    r = run_cli_here(["reproduce", "all-schemes"], tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     page = page_path.read_text()
     assert "| method=b2t | schemes-norms | 1/3 | 0 | 0 | 0 | 0 | 33.30 (n=1)" in page
     assert not (tmp_path / "schemes-norms" / "real" / "report.md").exists()  # no suite ran
-    bad = run_cli(["reproduce", "all-schemes", "--scale", "cpu"], tmp_path, env=env)
+    bad = run_cli_here(["reproduce", "all-schemes", "--scale", "cpu"], tmp_path, env=env)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "all-schemes" in bad.stderr
-    suites = run_cli(["reproduce", "all-schemes", "--suites", "table2"], tmp_path, env=env)
+    suites = run_cli_here(["reproduce", "all-schemes", "--suites", "table2"], tmp_path, env=env)
     assert suites.returncode == 2 and "--suites" in suites.stderr
-    listed = run_cli(["reproduce", "list"], tmp_path, env=env).stdout.splitlines()
+    listed = run_cli_here(["reproduce", "list"], tmp_path, env=env).stdout.splitlines()
     assert [line.split()[0] for line in listed] == [*TARGETS, "all-schemes"]
     assert len({line.index(line.split()[1]) for line in listed}) == 1  # one column for the titles
 
 
 def test_a_feeding_suites_report_rewrites_the_table(tmp_path):
     env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path)}
-    r = run_cli(["reproduce", "schemes-norms", "--scale", "real", "--table-only"], tmp_path, env=env)
+    r = run_cli_here(["reproduce", "schemes-norms", "--scale", "real", "--table-only"], tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "schemes-norms" / "real" / "report.md").is_file()
     assert "| method=b2t | schemes-norms | 0/3 |" in (tmp_path / "all-schemes" / "real" / "report.md").read_text()
     (tmp_path / "all-schemes" / "real" / "report.md").unlink()
-    r = run_cli(["reproduce", "mup-transfer", "--scale", "real", "--table-only"], tmp_path, env=env)
+    r = run_cli_here(["reproduce", "mup-transfer", "--scale", "real", "--table-only"], tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "all-schemes" / "real" / "report.md").exists()  # a suite outside the table

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DEEPINIT, TINY, run_cli
+from conftest import DEEPINIT, TINY, run_cli, run_cli_all
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -27,10 +27,35 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("word, hint", [("evaluate", "`deepinit eval`"), ("status", "`deepinit sweep status`"),
-                                        ("reprt", "`deepinit report`"), ("frobnicate", None)])
-def test_an_unknown_command_names_the_commands(tmp_path, word, hint):
-    line = one_error_line(run_cli([word], cwd=tmp_path))
+UNKNOWN_COMMANDS = [("evaluate", "`deepinit eval`"), ("status", "`deepinit sweep status`"),
+                    ("reprt", "`deepinit report`"), ("frobnicate", None)]
+BAD_OVERRIDES = [
+    ("model.no_such=1", "unknown key model.no_such; model has: preset, dim, ffn_dim"),
+    ("max_updates=5", "unknown key max_updates (did you mean trainer.max_updates?)"),
+    ("trainer.divergence.patienc=5", "(did you mean trainer.divergence.patience?); trainer.divergence has: loss_bound, patience"),
+    ("norm=pree", "norm=pree: no such option (did you mean norm=pre?); norm has: b2t, mix, none"),
+    ("trainer.max_updates=abc", "trainer.max_updates=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("evaluate", "'evaluate' is neither an override (key=value) nor a command"),
+]
+
+
+@pytest.fixture(scope="module")
+def user_error_runs(tmp_path_factory) -> dict:
+    """The commands of the two tests below, each in its own process and folder, side by side:
+    `deepinit WORD` {("command", WORD): (FOLDER, process)} and `deepinit train OVERRIDE
+    hydra.run.dir=FOLDER/run` {("train", OVERRIDE): (FOLDER, process)}."""
+    folders = {**{("command", word): tmp_path_factory.mktemp("command") for word, _ in UNKNOWN_COMMANDS},
+               **{("train", override): tmp_path_factory.mktemp("override") for override, _ in BAD_OVERRIDES}}
+    procs = run_cli_all({(kind, arg): ([arg] if kind == "command" else ["train", arg, f"hydra.run.dir={folder / 'run'}"],
+                                       folder)
+                         for (kind, arg), folder in folders.items()})
+    return {key: (folders[key], procs[key]) for key in folders}
+
+
+@pytest.mark.parametrize("word, hint", UNKNOWN_COMMANDS)
+def test_an_unknown_command_names_the_commands(user_error_runs, word, hint):
+    tmp_path, proc = user_error_runs[("command", word)]
+    line = one_error_line(proc)
     assert f"unknown command '{word}'" in line and "eval, report, sweep" in line
     if hint:
         assert f"did you mean {hint}" in line
@@ -39,16 +64,9 @@ def test_an_unknown_command_names_the_commands(tmp_path, word, hint):
     assert not (tmp_path / "outputs").exists()
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("model.no_such=1", "unknown key model.no_such; model has: preset, dim, ffn_dim"),
-    ("max_updates=5", "unknown key max_updates (did you mean trainer.max_updates?)"),
-    ("trainer.divergence.patienc=5", "(did you mean trainer.divergence.patience?); trainer.divergence has: loss_bound, patience"),
-    ("norm=pree", "norm=pree: no such option (did you mean norm=pre?); norm has: b2t, mix, none"),
-    ("trainer.max_updates=abc", "trainer.max_updates=abc: Value 'abc' of type 'str' could not be converted to Integer"),
-    ("evaluate", "'evaluate' is neither an override (key=value) nor a command"),
-])
-def test_a_bad_override_is_one_line_with_what_is_valid(tmp_path, override, expected):
-    proc = run_cli(["train", override, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+@pytest.mark.parametrize("override, expected", BAD_OVERRIDES)
+def test_a_bad_override_is_one_line_with_what_is_valid(user_error_runs, override, expected):
+    _, proc = user_error_runs[("train", override)]
     assert expected in one_error_line(proc)
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, compose, run_cli
+from conftest import REPO, compose, run_cli_all
 
 from runner.config import ConfigError
 from runner.run.build import check_config
@@ -83,7 +83,7 @@ def test_impossible_combinations_name_the_key(overrides, key):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("args, needle", [
+BAD_INPUT = [
     (["model.no_such_key=1"], "no_such_key"),
     (["trainer.max_updates=abc"], "max_updates"),
     (["norm=diagonal"], "norm"),
@@ -92,10 +92,23 @@ def test_impossible_combinations_name_the_key(overrides, key):
     (["schedule=linear", "schedule.min_lr=-0.1"], "schedule.min_lr"),
     (["trainer.early_stop.min_delta=-0.5"], "trainer.early_stop.min_delta"),
     (["-m", "optim.lr=1e-4,5e-4", "--cfg", "job"], "Only one of"),  # Hydra's own flag check
-])
-def test_cli_bad_input_exit_2_no_traceback(tmp_path, args, needle):
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory) -> dict:
+    """`deepinit train ARGS hydra.run.dir=FOLDER/run` for each bad input, each in its own process
+    and folder, side by side: {tuple(ARGS): (FOLDER, the process)}."""
+    folders = {tuple(args): tmp_path_factory.mktemp("bad_input") for args, _ in BAD_INPUT}
+    procs = run_cli_all({key: (["train", *key, f"hydra.run.dir={folder / 'run'}"], folder)
+                         for key, folder in folders.items()})
+    return {key: (folders[key], procs[key]) for key in folders}
+
+
+@pytest.mark.parametrize("args, needle", BAD_INPUT)
+def test_cli_bad_input_exit_2_no_traceback(bad_input_runs, args, needle):
+    tmp_path, proc = bad_input_runs[tuple(args)]
     run_dir = tmp_path / "run"
-    proc = run_cli(["train", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr + proc.stdout
     text = proc.stderr + proc.stdout
     assert needle in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli_here
 from rich.console import Console
 
 from runner import console as console_module
@@ -15,10 +15,8 @@ from runner.console import Overview, overview_text, progress_bar, track
 MAX_LINE = 200
 
 
-def test_start_summary_and_config_placement(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli(["train", *TINY, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def test_start_summary_and_config_placement(tiny_run):
+    run_dir, proc = tiny_run  # conftest: deepinit train *TINY (TensorBoard on, 2 checkpoints kept)
     out = proc.stdout
     result = json.loads((run_dir / "result.json").read_text())
     start = out[:out.index("run folder")]
@@ -37,8 +35,8 @@ def test_start_summary_and_config_placement(tmp_path):
 
 def test_full_config_on_the_console_at_debug(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["train", *TINY, "trainer.max_updates=5", "trainer.save_interval=5",
-                    "hydra.verbose=deepinit", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    proc = run_cli_here(["train", *TINY, "trainer.max_updates=5", "trainer.save_interval=5",
+                         "hydra.verbose=deepinit", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "qk_norm_temperature" in proc.stdout
     assert (run_dir / "train.log").read_text().count("qk_norm_temperature: 12.32") == 1

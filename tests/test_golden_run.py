@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from runner.run.folder import cpu_name
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli_here
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 COMMON = ["model=ci", "model.dropout=0.1", "warmup.updates=5", "trainer.max_updates=30",
@@ -70,7 +70,7 @@ def _records(path: Path) -> list[dict]:
 @pytest.mark.parametrize("cell", sorted(CELLS))
 def test_training_matches_golden_metrics(cell, tmp_path):
     run_dir = tmp_path / cell
-    proc = run_cli(["train", *COMMON, *CELLS[cell], f"hydra.run.dir={run_dir}"], cwd=REPO)
+    proc = run_cli_here(["train", *COMMON, *CELLS[cell], f"hydra.run.dir={run_dir}"], cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     folder, exact = golden_set()
     got, want = _records(run_dir / "metrics.jsonl"), _records(folder / f"{cell}.metrics.jsonl")

@@ -13,7 +13,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import DEEPINIT, TINY, compose, run_cli
+from conftest import DEEPINIT, TINY, compose, run_cli_here
 
 from runner.run import folder
 from runner.run.train import stop_after_the_update, train
@@ -39,7 +39,7 @@ def test_sigint_before_the_first_save_resumes_where_it_stopped(tmp_path):
     args = [*TINY, "trainer.max_updates=300", "trainer.save_interval=1000", "trainer.valid_interval=100",
             "trainer.log_interval=10", "data.toy.train_size=2000"]
     reference = tmp_path / "reference"
-    assert run_cli(["train", *args, f"hydra.run.dir={reference}"], cwd=tmp_path).returncode == 0
+    assert run_cli_here(["train", *args, f"hydra.run.dir={reference}"], cwd=tmp_path).returncode == 0
 
     run_dir = tmp_path / "stopped"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -62,7 +62,7 @@ def test_sigint_before_the_first_save_resumes_where_it_stopped(tmp_path):
     assert folder.checkpoint_step(run_dir / folder.LAST) == step
     assert folder.numbered_checkpoints(run_dir) == []  # extra saves are not averaged
 
-    proc = run_cli(["train", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    proc = run_cli_here(["train", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"resumed from {run_dir / folder.LAST} at update {step}" in (run_dir / "train.log").read_text()
     a, b = (json.loads((d / "result.json").read_text()) for d in (reference, run_dir))

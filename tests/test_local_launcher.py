@@ -1,5 +1,6 @@
 """`hydra/launcher=local` for real: cells run as subprocesses, each with its own fake GPU; a crashing
-cell fails alone; SIGTERM stops every worker and a rerun resumes the cells."""
+cell fails alone; SIGTERM stops every worker and a rerun resumes the cells. The sweep's driver is
+its own process where a signal reaches it; elsewhere it runs in the test's process (run_cli_here)."""
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_cli_here
 from tests.process_control import holding_files_under, send, wait_pending
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,8 +78,8 @@ def test_a_crashing_cell_fails_alone_with_its_own_error_file(tmp_path):
     bad = _cell_dir(sweep, *args, "trainer.seed=2")
     bad.mkdir(parents=True)
     (bad / "checkpoint_last.pt").write_bytes(b"not a checkpoint")
-    cmd = _local_sweep(sweep, *args, "trainer.seed=1,2,3")
-    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    cmd = _local_sweep(sweep, *args, "trainer.seed=1,2,3")[1:]  # the driver in this process
+    proc = run_cli_here(cmd, cwd=tmp_path, columns=250)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     good = [_cell_dir(sweep, *args, f"trainer.seed={s}") for s in (1, 3)]
     for d in good:
@@ -94,7 +96,7 @@ def test_a_crashing_cell_fails_alone_with_its_own_error_file(tmp_path):
 
     (bad / "checkpoint_last.pt").unlink()
     stamps = {d: (d / "result.json").stat().st_mtime_ns for d in good}
-    again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    again = run_cli_here(cmd, cwd=tmp_path, columns=250)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert json.loads((bad / "result.json").read_text())["status"] in ("ok", "stalled")
     assert not (bad / "error.txt").exists()
@@ -161,7 +163,7 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes_the_cells(tmp_path):
     from runner.sweep.report import read_cell
     assert read_cell(cells[0]).status == "interrupted"
 
-    again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    again = run_cli_here(cmd[1:], cwd=tmp_path, columns=250)  # the rerun's driver in this process
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     results = [json.loads((d / "result.json").read_text()) for d in cells]
     assert [r["resumed"] for r in results] == [True, True, False]

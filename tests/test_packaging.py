@@ -34,11 +34,13 @@ def test_wheel_installs_and_trains_outside_the_repo(tmp_path):
     # files, the editable install among them, are not processed), so only the wheel provides
     # `runner`.
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # PYTHONPATH emptied for pip too: a checkout on it holds deepinit.egg-info (the build above
+    # writes it), which pip would take for an installed deepinit and skip the wheel
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
-                    "install", "--no-deps", str(wheel)], check=True, capture_output=True, timeout=300)
+                    "install", "--no-deps", str(wheel)], check=True, capture_output=True, timeout=300, env=env)
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import runner; print(runner.__file__)"],
                            cwd=outside, capture_output=True, text=True, env=env, check=True)
     assert str(site) in where.stdout, where.stdout  # the wheel's copy, not the checkout

@@ -23,6 +23,7 @@ deepest model of each SCALE=gpu preset trained for 2 updates on CPU.
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -45,7 +46,21 @@ from runner.tables.cost import (
 )
 from runner.tables.sweep_tier import paper_problems
 from runner.tables.targets import TARGETS
-from tests.conftest import REPO, compose, run_cli
+from tests.conftest import REPO, run_cli_here
+from tests.conftest import compose as compose_uncached
+
+_composed: dict = {}
+
+
+def compose(overrides):
+    """conftest's compose, kept for this module per overrides and DEEPINIT_* environment (the only
+    variables conf/ and the presets read): the GPU-hour tests cost the same paper cells several
+    times. Each call gets its own copy."""
+    key = (tuple(overrides), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("DEEPINIT_"))))
+    if key not in _composed:
+        _composed[key] = compose_uncached(overrides)
+    return copy.deepcopy(_composed[key])
+
 
 WMT_MAX_TOKENS = 256  # tokens per micro-batch for the 512-2048-8 WMT'14 models (see above)
 PAPER_PARTS = [(name, part) for name, t in TARGETS.items() for part in t.parts.get("paper", ())]
@@ -87,7 +102,7 @@ def paper_data(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("paper_data")
     raw = _fake_iwslt_tgz(root / "de-en.tgz")
     iwslt = root / "iwslt14"
-    proc = run_cli(["data", "prepare", "iwslt14", "--raw", str(raw), "--out", str(iwslt)], cwd=root)
+    proc = run_cli_here(["data", "prepare", "iwslt14", "--raw", str(raw), "--out", str(iwslt)], cwd=root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for split in ("train", "valid", "test"):
         for lang in ("de", "en"):
@@ -128,7 +143,7 @@ def test_paper_preset_composes_and_its_largest_cell_trains_2_updates(target, par
     if part.data_env == "DEEPINIT_WMT14_DIR":
         overrides.append(f"data.max_tokens={WMT_MAX_TOKENS}")
     t0 = time.perf_counter()
-    proc = run_cli(["train", *overrides], cwd=tmp_path, timeout=600, env=dict(os.environ))
+    proc = run_cli_here(["train", *overrides], cwd=tmp_path)
     wall = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
@@ -246,11 +261,11 @@ def test_gpu_tier_preset_trains_2_updates_of_its_deepest_model_on_cpu(target, pa
     deepest = max(compose(c.overrides).model.num_encoder_layers for c in suite.plan(part.preset))
     assert cfg.model.num_encoder_layers == cfg.model.num_decoder_layers == deepest
     run_dir = tmp_path / "run"
-    proc = run_cli(["train", *first.overrides, "data=toy", "data.toy.train_size=64", "data.toy.valid_size=8",
-                    "data.toy.test_size=8", "trainer.max_updates=2", "trainer.device=cpu",
-                    "trainer.precision=fp32", "trainer.final_bleu=false", "trainer.valid_interval=0",
-                    "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.log_interval=1",
-                    "warmup.updates=0", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=600)
+    proc = run_cli_here(["train", *first.overrides, "data=toy", "data.toy.train_size=64", "data.toy.valid_size=8",
+                         "data.toy.test_size=8", "trainer.max_updates=2", "trainer.device=cpu",
+                         "trainer.precision=fp32", "trainer.final_bleu=false", "trainer.valid_interval=0",
+                         "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.log_interval=1",
+                         "warmup.updates=0", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["updates"] == 2 and math.isfinite(result["train_loss"])

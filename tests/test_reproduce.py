@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from runner.tables.plan import Outcome, collect, estimate_cell_s, estimate_wall_
 from runner.tables.real_tier import real_tier_status
 from runner.tables.render import render_lipschitz, render_table2, render_tfixup_depth, write_outputs
 from runner.tables.targets import TARGETS
-from tests.conftest import REPO, compose
+from tests.conftest import REPO, compose, run_cli_here
 
 PAPER_ENV = {"DEEPINIT_IWSLT14_DIR": "/nonexistent/iwslt", "DEEPINIT_WMT14_DIR": "/nonexistent/wmt"}
 
@@ -415,16 +416,35 @@ def test_tfixup_and_lipschitz_layouts(tmp_path):
 
 
 # ----------------------------------------------------------------------------- commands
-@pytest.mark.parametrize("target,cells,sample", [
+MAKE_DRY_RUNS = [
     ("table2", 9, "method=admin model.layers=18"),
     ("grid", 45, "method=post_ln optim.beta2=0.999 optim.lr=0.005"),
     ("tfixup-depth", 5, "model.layers=200"),
     ("lipschitz", 16, "model.layers=24 reproduce=order_v1 init=lipschitz"),
-])
-def test_make_dry_run_lists_the_cells(tmp_path, target, cells, sample):
-    proc = subprocess.run(["make", "-s", f"reproduce-{target}", "SCALE=cpu", "DRY_RUN=1",
-                           f"REPRODUCE_ARGS=--out {tmp_path}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+]
+
+
+@pytest.fixture(scope="module")
+def make_dry_runs(tmp_path_factory) -> dict:
+    """`make -s reproduce-TARGET SCALE=cpu DRY_RUN=1 REPRODUCE_ARGS=--out FOLDER` for each target,
+    each in its own folder, as many at once as there are CPU cores: {TARGET: (FOLDER, process)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folders = {target: tmp_path_factory.mktemp("make_dry_run") for target, _, _ in MAKE_DRY_RUNS}
+
+    def make(target):
+        return subprocess.run(["make", "-s", f"reproduce-{target}", "SCALE=cpu", "DRY_RUN=1",
+                               f"REPRODUCE_ARGS=--out {folders[target]}"], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        procs = dict(zip(folders, pool.map(make, folders)))
+    return {target: (folders[target], procs[target]) for target in folders}
+
+
+@pytest.mark.parametrize("target,cells,sample", MAKE_DRY_RUNS)
+def test_make_dry_run_lists_the_cells(make_dry_runs, target, cells, sample):
+    tmp_path, proc = make_dry_runs[target]
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.endswith("[pending]")]
     assert len(lines) == cells
@@ -578,8 +598,7 @@ def test_sigterm_to_a_cpu_tier_driver_stops_its_sweep_and_a_rerun_finishes_the_c
     (run_dir,) = [p.parent for p in (tmp_path / "out").rglob("checkpoint_last.pt")]
     assert json.loads((run_dir / "interrupted.json").read_text())["status"] == "interrupted"
     assert not (run_dir / "result.json").exists()
-    done = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = run_cli_here(args[2:], cwd=REPO)  # the same command, its driver in this process
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "ok" and result["updates"] == 300 and result["resumed"] is True

@@ -5,12 +5,11 @@ run, and the small words (progress bar, thread count, report titles)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from types import SimpleNamespace
 
 import pytest
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli_here
 
 from runner.run.folder import NAME_LIMIT, folder_name
 
@@ -38,9 +37,9 @@ def test_folder_names_are_flat_and_never_cut_an_override():
 @pytest.mark.slow
 def test_a_sweep_over_paths_makes_flat_cell_folders(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli(["-m", *TINY, "trainer.max_updates=10",
-                    "data.cache_dir=cache/x/a,cache/x/b", f"hydra.sweep.dir={sweep}"],
-                   cwd=tmp_path)
+    proc = run_cli_here(["-m", *TINY, "trainer.max_updates=10",
+                         "data.cache_dir=cache/x/a,cache/x/b", f"hydra.sweep.dir={sweep}"],
+                        cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cells = sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert len(cells) == 2, [p.name for p in sweep.rglob("result.json")]
@@ -48,9 +47,9 @@ def test_a_sweep_over_paths_makes_flat_cell_folders(tmp_path):
         assert (cell / "result.json").is_file()
         assert "/" not in cell.name and "data.cache_dir=cache_x_" in cell.name
     # a second call finds the same folders (finished: skipped)
-    again = run_cli(["-m", *TINY, "trainer.max_updates=10",
-                     "data.cache_dir=cache/x/a,cache/x/b", f"hydra.sweep.dir={sweep}"],
-                    cwd=tmp_path)
+    again = run_cli_here(["-m", *TINY, "trainer.max_updates=10",
+                          "data.cache_dir=cache/x/a,cache/x/b", f"hydra.sweep.dir={sweep}"],
+                         cwd=tmp_path)
     assert again.returncode == 0 and sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == cells
 
 
@@ -61,9 +60,8 @@ def finished_run(tmp_path_factory):
     columns into a pipe."""
     root = tmp_path_factory.mktemp("out")
     run_dir = root / ("a-long-folder-name-" * 6) / "run"
-    env = {**os.environ, "COLUMNS": "80"}
-    proc = run_cli(["train", *TINY, "optim=sgd", "optim.lr=1e-12", "warmup=none", "schedule=constant",
-                    "trainer.threads=1", f"hydra.run.dir={run_dir}"], cwd=root, env=env)
+    proc = run_cli_here(["train", *TINY, "optim=sgd", "optim.lr=1e-12", "warmup=none", "schedule=constant",
+                         "trainer.threads=1", f"hydra.run.dir={run_dir}"], cwd=root, columns=80)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir, proc
 
@@ -94,8 +92,8 @@ def test_the_overview_counts_threads_in_words(finished_run):
 
 def test_eval_on_a_pipe_shows_progress_and_says_what_it_averaged(finished_run):
     run_dir, _ = finished_run
-    proc = run_cli(["eval", str(run_dir), "--no-result", "--max-len-b", "5", "--batch-size", "8"],
-                   cwd=run_dir)
+    proc = run_cli_here(["eval", str(run_dir), "--no-result", "--max-len-b", "5", "--batch-size", "8"],
+                        cwd=run_dir)
     assert proc.returncode == 0, proc.stderr
     progress = [line for line in proc.stderr.splitlines() if line.startswith("decode (beam 5): ")]
     assert len(progress) >= 5 and progress[-1].startswith("decode (beam 5): 50/50 done"), proc.stderr
@@ -106,8 +104,8 @@ def test_eval_on_a_pipe_shows_progress_and_says_what_it_averaged(finished_run):
 def test_a_logger_chosen_for_a_finished_run_records_it(finished_run):
     run_dir, first = finished_run
     assert not (run_dir / "csv").exists()
-    proc = run_cli(["train", *TINY, "optim=sgd", "optim.lr=1e-12", "warmup=none", "schedule=constant",
-                    "trainer.threads=1", "logger=csv", f"hydra.run.dir={run_dir}"], cwd=run_dir)
+    proc = run_cli_here(["train", *TINY, "optim=sgd", "optim.lr=1e-12", "warmup=none", "schedule=constant",
+                         "trainer.threads=1", "logger=csv", f"hydra.run.dir={run_dir}"], cwd=run_dir)
     assert proc.returncode == 0, proc.stderr
     metrics = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert "not trained again" in proc.stdout and f"{len(metrics)} metrics records" in proc.stdout
@@ -115,8 +113,8 @@ def test_a_logger_chosen_for_a_finished_run_records_it(finished_run):
     assert len(rows) == 1 + sum('"split": "train"' in line for line in metrics)
     assert json.loads((run_dir / "result.json").read_text())["loggers"] == ["csv"]
     # once recorded, not again
-    again = run_cli(["train", *TINY, "optim=sgd", "optim.lr=1e-12", "warmup=none", "schedule=constant",
-                     "trainer.threads=1", "logger=csv", f"hydra.run.dir={run_dir}"], cwd=run_dir)
+    again = run_cli_here(["train", *TINY, "optim=sgd", "optim.lr=1e-12", "warmup=none", "schedule=constant",
+                          "trainer.threads=1", "logger=csv", f"hydra.run.dir={run_dir}"], cwd=run_dir)
     assert "not trained again" not in again.stdout
     assert (run_dir / "csv" / "train.csv").read_text().splitlines() == rows
 

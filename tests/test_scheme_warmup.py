@@ -6,7 +6,7 @@ import pytest
 
 from runner.cli.compose import compose_run
 from runner.cli.train import method_group_options, method_groups_replaced, scheme_warmup
-from tests.conftest import compose
+from tests.conftest import compose, run_cli_here
 
 
 @pytest.mark.parametrize("overrides, choices, expected, changed", [
@@ -57,16 +57,12 @@ def test_cfg_print_says_what_the_run_changes(args, note):
 
 
 @pytest.mark.slow
-def test_cfg_job_ends_with_the_note_and_a_bad_override_prints_none():
-    import subprocess
-    import sys
-
-    run = [sys.executable, "-m", "runner.cli", "train", "--cfg", "job"]
-    ok = subprocess.run(run + ["method=tfixup"], capture_output=True, text=True, timeout=120)
+def test_cfg_job_ends_with_the_note_and_a_bad_override_prints_none(tmp_path):
+    run = ["train", "--cfg", "job"]
+    ok = run_cli_here(run + ["method=tfixup"], cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.rstrip().splitlines()[-1].startswith("# when the run starts: init=tfixup")
-    bad = subprocess.run(run + ["method=tfixup", "model.no_such_key=1"], capture_output=True,
-                         text=True, timeout=120)
+    bad = run_cli_here(run + ["method=tfixup", "model.no_such_key=1"], cwd=tmp_path)
     assert bad.returncode == 2 and "when the run starts" not in bad.stdout + bad.stderr
 
 

@@ -15,7 +15,7 @@ from runner.tables.plots import grid_axes, grid_panels, plot_grid, plot_transfer
 from runner.tables.pool import Job, run_jobs
 from runner.tables.records import cell_key
 from runner.tables.report import curve_slope, provenance, render
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli_here
 
 SHRINK = ["data=toy", "data.toy.train_size=300", "data.toy.valid_size=30", "data.toy.test_size=20",
           "model=ci", "model.dim=32", "model.ffn_dim=64", "model.heads=2", "model.layers=2",
@@ -287,7 +287,7 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path / "results")}
     args = ["reproduce", "table2", "--scale", "real", "--parallel", "2", "--out", str(tmp_path / "out"),
             *SHRINK]
-    first = run_cli(args, cwd=REPO, timeout=600, env=env)
+    first = run_cli_here(args, cwd=REPO, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     # SHRINK changes the preset's cells (toy data, a tiny model): a variant, whose records and
     # report stay beside its run folders and never reach results/
@@ -314,7 +314,7 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     assert "**not run**" in report and "**incomplete**" not in report
     assert (tier / "curves.png").stat().st_size > 0
     # a second call trains nothing: every cell has its record
-    second = run_cli(args, cwd=REPO, timeout=300, env=env)
+    second = run_cli_here(args, cwd=REPO, env=env)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "8 with a record" in second.stdout
     assert (tier / "report.md").read_text() == report
@@ -332,8 +332,8 @@ def test_a_report_after_part_of_a_suite_is_the_whole_suites(tmp_path):
     report = results / "table2" / "real" / "report.md"
 
     def table(*overrides: str) -> str:
-        proc = run_cli(["reproduce", "table2", "--scale", "real", "--table-only", "--out",
-                        str(tmp_path / "out"), *overrides], cwd=REPO, timeout=300, env=env)
+        proc = run_cli_here(["reproduce", "table2", "--scale", "real", "--table-only", "--out",
+                             str(tmp_path / "out"), *overrides], cwd=REPO, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return report.read_text()
 
@@ -359,7 +359,7 @@ def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_pa
             "trainer.max_updates=6", "trainer.log_interval=3", "trainer.valid_interval=3",
             "trainer.save_interval=3",
             "trainer.eval_beam=2", "trainer.seed=1"]
-    proc = run_cli(args, cwd=REPO, timeout=600, env=env)
+    proc = run_cli_here(args, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "(real data, GPU)" in proc.stdout and "1 at a time" in proc.stdout  # one cell per GPU by default
     tier = tmp_path / "out" / "tfixup-depth-gpu"  # shrunk: a variant, kept out of results/
@@ -381,14 +381,14 @@ def test_gpu_tier_without_a_gpu_says_so_in_one_line(tmp_path):
 
     if gpu_visible():
         pytest.skip("a GPU is visible: the tier runs")
-    proc = run_cli(["reproduce", "table2", "--scale", "gpu", "--out", str(tmp_path)], cwd=REPO, timeout=120)
+    proc = run_cli_here(["reproduce", "table2", "--scale", "gpu", "--out", str(tmp_path)], cwd=REPO)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]  # one line, no traceback
     assert "--scale gpu trains on CUDA, and no GPU is visible here" in proc.stderr
     assert not (tmp_path / "table2-gpu").exists()
     # the plan trains nothing, so it is shown without a GPU (e.g. on a cluster's login node)
-    proc = run_cli(["reproduce", "table2", "--scale", "gpu", "--dry-run", "--out", str(tmp_path)],
-                   cwd=REPO, timeout=120)
+    proc = run_cli_here(["reproduce", "table2", "--scale", "gpu", "--dry-run", "--out", str(tmp_path)],
+                        cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "28 cells" in proc.stdout and "estimated wall time" in proc.stdout
     assert not any(tmp_path.iterdir())

@@ -154,10 +154,11 @@ def test_train_with_telemetry(tmp_path):
     assert isinstance(first["where"], str)
 
 
-def test_telemetry_off_writes_none(tmp_path):
-    result = train(compose(TINY), tmp_path)
-    assert "first_nonfinite" not in result
-    assert all(r["split"] != "telemetry" for r in read_metrics(tmp_path))
+def test_telemetry_off_writes_none(tiny_run):
+    run_dir, _ = tiny_run  # the TINY run, telemetry off by default (conftest)
+    assert compose(TINY).trainer.telemetry_interval == 0
+    assert "first_nonfinite" not in read_result(run_dir)
+    assert all(r["split"] != "telemetry" for r in read_metrics(run_dir))
 
 
 def test_telemetry_leaves_training_unchanged_sigma_reparam_included(tmp_path):

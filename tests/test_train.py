@@ -1,8 +1,9 @@
 """End-to-end behaviour of a run: folder contents, exact resume after SIGKILL, divergence,
-sweeps that skip finished cells."""
+sweeps that skip finished cells, and a short run of every norm, placement and scaling method."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -10,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DEEPINIT, TINY, compose, run_cli
+from conftest import DEEPINIT, TINY, compose, run_cli_here
+from method_helpers import one_thread  # noqa: F401 (a fixture)
 
 from runner.run.train import train
 
@@ -19,10 +21,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_run_folder_contents(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli(["train", *TINY, "trainer.tensorboard=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def test_run_folder_contents(tiny_run):
+    run_dir, proc = tiny_run  # conftest: deepinit train *TINY trainer.tensorboard=true, 2 checkpoints kept
     names = {p.name for p in run_dir.iterdir()}
     for expected in (".hydra", "train.log", "metrics.jsonl", "checkpoint_last.pt", "env.json",
                      "result.json", "init.json"):
@@ -43,11 +43,11 @@ def test_run_folder_contents(tmp_path):
 
 
 def test_default_run_name_comes_from_overrides(tmp_path):
-    proc = run_cli(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
+    proc = run_cli_here(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     runs = list((tmp_path / "outputs" / "runs").iterdir())
     assert len(runs) == 1 and "trainer.max_updates=10" in runs[0].name and "model=ci" in runs[0].name
-    again = run_cli(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
+    again = run_cli_here(["train", *TINY, "trainer.max_updates=10"], cwd=tmp_path)
     assert again.returncode == 0 and "already finished" in again.stdout + again.stderr
 
 
@@ -55,7 +55,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     args = [*TINY, "trainer.max_updates=400", "trainer.save_interval=20", "trainer.valid_interval=100",
             "trainer.log_interval=10", "data.toy.train_size=2000", "model.dropout=0.1"]
     reference = tmp_path / "reference"
-    proc = run_cli(["train", *args, f"hydra.run.dir={reference}"], cwd=tmp_path)
+    proc = run_cli_here(["train", *args, f"hydra.run.dir={reference}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
 
     killed = tmp_path / "killed"
@@ -73,7 +73,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     child.wait()
     assert not (killed / "result.json").exists(), "the run finished before it could be killed"
 
-    proc = run_cli(["train", *args, f"hydra.run.dir={killed}"], cwd=tmp_path)
+    proc = run_cli_here(["train", *args, f"hydra.run.dir={killed}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "resumed from" in (killed / "train.log").read_text()
     a = json.loads((reference / "result.json").read_text())
@@ -110,7 +110,7 @@ def test_divergence_on_bound(tmp_path):
 
 def test_multirun_sweep_skips_finished_cells(tmp_path):
     args = ["-m", "optim.lr=1e-4,5e-4", "norm=post,pre", *TINY, "trainer.max_updates=10"]
-    proc = run_cli(args, cwd=tmp_path)
+    proc = run_cli_here(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     sweeps = list((tmp_path / "outputs" / "multirun").iterdir())
     assert len(sweeps) == 1
@@ -119,7 +119,7 @@ def test_multirun_sweep_skips_finished_cells(tmp_path):
     assert sum("norm=post" in c.name for c in cells) == sum("norm=pre" in c.name for c in cells) == 2
     stamps = {c: (c / "result.json").stat().st_mtime for c in cells}
     (cells[0] / "result.json").unlink()  # an unfinished cell: resumed from its checkpoint
-    proc = run_cli(args, cwd=tmp_path)
+    proc = run_cli_here(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (cells[0] / "result.json").exists()
     for cell in cells[1:]:
@@ -159,7 +159,7 @@ def test_sweep_cell_with_a_rejected_config_is_failed_and_the_sweep_goes_on(tmp_p
     from runner.sweep.report import read_cell
 
     sweep = tmp_path / "sweep"
-    proc = run_cli(["-m", "init=admin", "norm=pre,post", *TINY, "trainer.max_updates=10",
+    proc = run_cli_here(["-m", "init=admin", "norm=pre,post", *TINY, "trainer.max_updates=10",
                     f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr  # a sweep with a failed cell exits 1, after every cell ran
     assert "Traceback" not in proc.stderr
@@ -184,3 +184,38 @@ def test_unpadded_training_follows_the_padded_run(tmp_path):
         assert json.loads((tmp_path / unpad / "env.json").read_text())["unpad"] is (unpad == "null")
     assert len(curves["null"]) == 6 and curves["null"][-1] < curves["null"][0]
     assert curves["null"] == pytest.approx(curves["false"], rel=1e-4)
+
+
+# One short run per method on the toy task, through runner.run.train.train: (updates, overrides).
+METHODS = {
+    # norm placements (runner/model/sublayer.py; tests/model/test_sublayer.py)
+    "mix": (20, ["norm=mix", "norm.mix_ratio=0.5", "model.layers=4"]),
+    "peri": (20, ["norm=peri", "optim=radam", "warmup=none"]),
+    "layernorm_scaling": (20, ["norm=pre", "norm.layernorm_scaling=true", "model.layers=3"]),
+    # norms (runner/model/norms.py; tests/model/test_norms.py)
+    "b2t": (20, ["norm=b2t", "optim=radam", "warmup=none", "model.encoder_layers=3"]),
+    "resi_dual": (20, ["norm=resi_dual", "norm.resi_dual_scale=0.05", "optim=sgd", "optim.lr=0.05",
+                       "optim.momentum=0.9", "schedule=constant", "model.activation_checkpointing=true"]),
+    "dyt": (20, ["norm=pre", "norm.kind=dyt", "optim=adam", "warmup.updates=10"]),
+    "scalenorm_fixnorm": (20, ["norm=pre", "norm.kind=scalenorm", "model.fixnorm=true", "trainer.update_freq=2"]),
+    # QK-norm, sigma-reparam (tests/model/test_attention_qk_norm.py, test_linear_sigma_reparam.py),
+    # LayerScale and Depth-muP/CompleteP (tests/init/test_init_layerscale_depth_mup.py)
+    "qk_l2": (10, ["model.qk_norm=l2"]),
+    "qk_ln_radam_nowarmup": (10, ["model.qk_norm=layernorm", "norm=pre", "optim=radam", "warmup.updates=0"]),
+    "sigma_one_admin": (10, ["model.sigma_reparam=true", "model.sigma_reparam_gamma_init=one", "init=admin"]),
+    "layerscale": (10, ["init=layerscale", "norm=pre", "model.qk_norm=rmsnorm"]),
+    "completep": (10, ["init=depth_mup", "norm=pre", "init.depth_mup_base_layers=1", "init.depth_mup_exponent=1.0"]),
+    "depth_mup_sgd_sigma": (10, ["init=depth_mup", "norm=pre", "init.depth_mup_base_layers=4", "optim=sgd",
+                                 "optim.lr=0.05", "model.sigma_reparam=true"]),
+}
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_trains(method, tmp_path):
+    """A short run ends ok, after the updates asked for, with finite losses."""
+    updates, overrides = METHODS[method]
+    result = train(compose([*TINY, "trainer.progress=false", f"trainer.max_updates={updates}", *overrides]),
+                   tmp_path)
+    assert result["status"] == "ok" and result["updates"] == updates
+    assert math.isfinite(result["train_loss"]) and math.isfinite(result["valid_loss"])

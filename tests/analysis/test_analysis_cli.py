@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, run_cli
+from conftest import run_cli_here
 
 from runner.cli.analyze import main as main_analyze
 
@@ -19,14 +19,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_dependency_on_a_run_folder(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli(["train", *TINY, "trainer.keep_checkpoints=2", f"hydra.run.dir={run_dir}"],
-                   cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def test_dependency_on_a_run_folder(tiny_run, tmp_path):
+    run_dir, _ = tiny_run  # conftest: deepinit train *TINY trainer.keep_checkpoints=2 (TensorBoard on)
     out = tmp_path / "dep"
-    proc = run_cli(["analyze", "dependency", str(run_dir), "--out", str(out), "--threads", "1",
-                    "--sentences", "8"], cwd=tmp_path)
+    proc = run_cli_here(["analyze", "dependency", str(run_dir), "--out", str(out), "--threads", "1",
+                         "--sentences", "8"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "dependency.json").read_text())
     (entry,) = result["settings"]

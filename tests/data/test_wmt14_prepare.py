@@ -9,7 +9,7 @@ import random
 from collections import Counter
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli_here
 from http_files import FileServer, sha256, tgz
 from subword_nmt.learn_bpe import learn_bpe as snmt_learn
 
@@ -214,12 +214,12 @@ def test_fairseq_recipe_from_raw_archives_then_train_2_updates(archives, tmp_pat
     # The folder is what data=custom (and the paper presets, DEEPINIT_WMT14_DIR) read.
     prepare_wmt14(raw, out, bpe_merges=500, workers=1, **quiet)
     run_dir = tmp_path / "run"
-    proc = run_cli(["train", "data=custom", f"data.dir={out}", "data.source_lang=en", "data.target_lang=de",
-                    "data.bpe=none", "model=ci", "trainer.max_updates=2", "trainer.device=cpu",
-                    "trainer.precision=fp32", "trainer.final_bleu=false", "trainer.valid_interval=0",
-                    "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.log_interval=1",
-                    "trainer.tensorboard=false", "trainer.progress=false", "warmup.updates=1",
-                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    proc = run_cli_here(["train", "data=custom", f"data.dir={out}", "data.source_lang=en", "data.target_lang=de",
+                         "data.bpe=none", "model=ci", "trainer.max_updates=2", "trainer.device=cpu",
+                         "trainer.precision=fp32", "trainer.final_bleu=false", "trainer.valid_interval=0",
+                         "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.log_interval=1",
+                         "trainer.tensorboard=false", "trainer.progress=false", "warmup.updates=1",
+                         f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] in ("ok", "diverged") and result["updates"] == 2  # finished

@@ -52,3 +52,47 @@ def test_admin_as_a_user_types_it_composes_and_validates():
     cfg = compose(["init=admin", "model.layers=18"])
     check_config(cfg)
     assert (cfg.init.name, cfg.init.omega, cfg.norm.placement) == ("admin", "vector", "post")
+
+
+@pytest.mark.parametrize("placement", ["mix", "peri", "b2t", "resi_dual"])
+def test_init_schemes_declare_the_newer_placements(placement):
+    """Mix-LN and Peri-LN (runner/model/sublayer.py), B2T and ResiDual (runner/model/norms.py): the
+    Post-LN-only schemes and the no-norm ones name the placement they need; the Pre-LN-only ones
+    (layerscale, depth_mup) and Lipschitz (its v1/v2 orders) reject it in one line; xavier and
+    ds_init (placements: any) accept it."""
+    for name in ("admin", "admin_torch", "deepnorm", "rezero_postln"):
+        with pytest.raises(ConfigError) as err:
+            check_config(compose([f"norm={placement}", f"init={name}"]))
+        message = str(err.value)
+        assert "\n" not in message and f"norm={placement}" in message and "norm=post" in message
+    for name in ("tfixup", "rezero", "skipinit"):
+        with pytest.raises(ConfigError, match="norm=none"):
+            check_config(compose([f"norm={placement}", f"init={name}"]))
+    for name in ("layerscale", "depth_mup", "lipschitz"):
+        with pytest.raises(ConfigError) as err:
+            check_config(compose([f"norm={placement}", f"init={name}"]))
+        message = str(err.value)
+        assert "\n" not in message and f"norm={placement}" in message
+        assert name != "lipschitz" or "Lipschitz" in message
+    for name in ("xavier", "ds_init"):
+        check_config(compose([f"norm={placement}", f"init={name}"]))
+
+
+@pytest.mark.parametrize("overrides, fix", [
+    (["model.qk_norm=l2", "model.attention=t5"], "use model.attention=standard"),
+    (["model.qk_norm=l2", "model.qk_norm_temperature=0"], "model.qk_norm_temperature=0"),
+    (["model.qk_norm=cosine"], "model.qk_norm='cosine'"),
+    (["model.sigma_reparam=true", "model.parameterization=ntk"], "use model.parameterization=standard"),
+    (["model.sigma_reparam=true", "model.activation_checkpointing=true"],
+     "set model.activation_checkpointing=false"),
+    (["init=layerscale", "norm=post"], "use norm=pre or norm=sandwich"),
+    (["init=depth_mup", "norm=post"], "use norm=pre"),
+    (["init=depth_mup", "norm=pre", "norm.decoder_placement=sandwich"], "use norm=pre"),
+    (["init=depth_mup", "norm=pre", "init.depth_mup_exponent=0.3"], "expected a value in [0.5, 1]"),
+    (["init=depth_mup", "norm=pre", "init.depth_mup_base_layers=0"], "init.depth_mup_base_layers=0"),
+])
+def test_undefined_combinations_are_one_line_naming_the_fix(overrides, fix):
+    """QK-norm, sigma-reparam, LayerScale and Depth-muP options that do not combine."""
+    with pytest.raises(ConfigError) as err:
+        check_config(compose(["trainer.max_updates=100000", *overrides]))
+    assert "\n" not in str(err.value) and fix in str(err.value), str(err.value)
