@@ -13,18 +13,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from runner.config import ModelConfig, NormConfig
-from runner.model.attention import MultiheadAttention
 from runner.model.embedding import Embedder
-from runner.model.kernels import AttentionKernels
-from runner.model.linear import SigmaReparamLinear
-from runner.model.norms import NORM_TYPES, DynamicTanh
-from runner.model.seq2seq import EncoderLayer, Stack, SublayerRef
+from runner.model.seq2seq import EncoderLayer, Stack, SublayerRef, TransformerModel
 from runner.model.sublayer import ResidualSpec, Slots, Sublayer, layer_slots, stack_slots
 
 SIDE = "decoder"  # the one stack's side, for placements (norm.decoder_placement) and init rules
 
 
-class DecoderOnlyLM(nn.Module):
+class DecoderOnlyLM(TransformerModel):
     def __init__(self, cfg: ModelConfig, norm: NormConfig, vocab: int, residual: ResidualSpec):
         super().__init__()
         self.cfg, self.norm_cfg = cfg, norm
@@ -46,10 +42,7 @@ class DecoderOnlyLM(nn.Module):
             cfg.dim, stack_slots(norm, SIDE), norm, cfg.activation_checkpointing, per_layer)
         self.output_weight = (nn.Parameter(torch.empty(vocab, cfg.dim))
                               if cfg.share_embeddings == "none" else None)
-        for module in self.modules():
-            if isinstance(module, DynamicTanh):
-                module.alpha_init = norm.dyt_alpha
-                module.reset_parameters()
+        self.start_dyt(norm)
 
     # ----- the typed surface init schemes and analysis use (as Seq2Seq's) -----
     def sublayers(self) -> Iterator[SublayerRef]:
@@ -64,32 +57,6 @@ class DecoderOnlyLM(nn.Module):
         if self.decoder.embedder.position_table is not None:
             tables["positions"] = self.decoder.embedder.position_table.weight
         return tables
-
-    @property
-    def output_projection_weight(self) -> torch.Tensor:
-        return self.decoder.embedder.tokens.weight if self.output_weight is None else self.output_weight
-
-    def output_matrix(self) -> torch.Tensor:
-        weight = self.output_projection_weight
-        return F.normalize(weight, dim=-1) if self.cfg.fixnorm else weight
-
-    def select_kernels(self, device_type: str) -> "DecoderOnlyLM":
-        chosen = AttentionKernels(device_type)
-        for module in self.modules():
-            if isinstance(module, MultiheadAttention):
-                module.kernels = chosen
-        return self
-
-    @torch.no_grad()
-    def after_init(self) -> None:
-        for module in self.modules():
-            if isinstance(module, SigmaReparamLinear):
-                module.after_init()
-
-    def norms(self) -> Iterator[tuple[str, nn.Module]]:
-        for name, module in self.named_modules():
-            if isinstance(module, NORM_TYPES) or type(module).__name__ == "RMSNorm":
-                yield name, module
 
     # ----- computation -----
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -166,7 +166,60 @@ class Stack(nn.Module):
         return layer(*args)
 
 
-class Seq2Seq(nn.Module):
+class TransformerModel(nn.Module):
+    """What the translation model and the decoder-only LM (runner/model/lm.py) share: the
+    output projection (tied to the decoder's token table unless `output_weight` is set), kernel
+    selection, weight-dependent state after init, and the norms, for init schemes and analysis."""
+
+    decoder: "Stack"
+    output_weight: Optional[nn.Parameter]
+    cfg: ModelConfig
+
+    def start_dyt(self, norm: NormConfig) -> None:
+        """DyT's alpha starts at norm.dyt_alpha in every DyT the model holds (its reset value too)."""
+        for module in self.modules():
+            if isinstance(module, DynamicTanh):
+                module.alpha_init = norm.dyt_alpha
+                module.reset_parameters()
+
+    @property
+    def output_projection_weight(self) -> torch.Tensor:
+        return self.decoder.embedder.tokens.weight if self.output_weight is None else self.output_weight
+
+    def output_matrix(self) -> torch.Tensor:
+        """The matrix the logits use: the output projection, its rows at unit length under
+        model.fixnorm (tnq177/transformers_without_tears model.py: logit_fn on the
+        F.normalize'd word_embedding)."""
+        weight = self.output_projection_weight
+        return F.normalize(weight, dim=-1) if self.cfg.fixnorm else weight
+
+    def select_kernels(self, device_type: str) -> "TransformerModel":
+        """Choose every attention's kernels for the device the model now lives on (call after
+        .to(device); runner/model/kernels.py)."""
+        chosen = AttentionKernels(device_type)
+        for module in self.modules():
+            if isinstance(module, MultiheadAttention):
+                module.kernels = chosen
+        return self
+
+    @torch.no_grad()
+    def after_init(self) -> None:
+        """Set what depends on the initial weights, once the init scheme has written them
+        (runner.init.apply calls it): sigma-reparam's power-iteration vectors and gamma
+        (runner/model/linear.py SigmaReparamLinear.after_init). Draws no random numbers; a no-op
+        without sigma-reparam."""
+        for module in self.modules():
+            if isinstance(module, SigmaReparamLinear):
+                module.after_init()
+
+    def norms(self) -> Iterator[tuple[str, nn.Module]]:
+        for name, module in self.named_modules():
+            if isinstance(module, NORM_TYPES) or type(module).__name__ == "RMSNorm":
+                yield name, module
+
+
+
+class Seq2Seq(TransformerModel):
     def __init__(self, cfg: ModelConfig, norm: NormConfig, src_vocab: int, tgt_vocab: int,
                  pad_index: int, residual: ResidualSpec):
         super().__init__()
@@ -200,11 +253,7 @@ class Seq2Seq(nn.Module):
         # Output projection: tied to the decoder embedding unless share_embeddings=none.
         self.output_weight = (nn.Parameter(torch.empty(tgt_vocab, cfg.dim))
                               if cfg.share_embeddings == "none" else None)
-        # DyT's alpha starts at norm.dyt_alpha in every DyT the model holds (its reset value too)
-        for module in self.modules():
-            if isinstance(module, DynamicTanh):
-                module.alpha_init = norm.dyt_alpha
-                module.reset_parameters()
+        self.start_dyt(norm)
 
     # ----- typed surface for init schemes and analysis (by role, never by parameter name) -----
     def sublayers(self) -> Iterator[SublayerRef]:
@@ -224,41 +273,6 @@ class Seq2Seq(nn.Module):
             "decoder": self.decoder.embedder.tokens.weight,
             "output": self.output_projection_weight,
         }
-
-    @property
-    def output_projection_weight(self) -> torch.Tensor:
-        return self.decoder.embedder.tokens.weight if self.output_weight is None else self.output_weight
-
-    def output_matrix(self) -> torch.Tensor:
-        """The matrix the logits use: the output projection, its rows at unit length under
-        model.fixnorm (tnq177/transformers_without_tears model.py: logit_fn on the
-        F.normalize'd word_embedding)."""
-        weight = self.output_projection_weight
-        return F.normalize(weight, dim=-1) if self.cfg.fixnorm else weight
-
-    def select_kernels(self, device_type: str) -> "Seq2Seq":
-        """Choose every attention's kernels for the device the model now lives on (call after
-        .to(device); runner/model/kernels.py)."""
-        chosen = AttentionKernels(device_type)
-        for module in self.modules():
-            if isinstance(module, MultiheadAttention):
-                module.kernels = chosen
-        return self
-
-    @torch.no_grad()
-    def after_init(self) -> None:
-        """Set what depends on the initial weights, once the init scheme has written them
-        (runner.init.apply calls it): sigma-reparam's power-iteration vectors and gamma
-        (runner/model/linear.py SigmaReparamLinear.after_init). Draws no random numbers; a no-op
-        without sigma-reparam."""
-        for module in self.modules():
-            if isinstance(module, SigmaReparamLinear):
-                module.after_init()
-
-    def norms(self) -> Iterator[tuple[str, nn.Module]]:
-        for name, module in self.named_modules():
-            if isinstance(module, NORM_TYPES) or type(module).__name__ == "RMSNorm":
-                yield name, module
 
     # ----- computation -----
     def encode(self, src_tokens: torch.Tensor, src_has_pad: bool = True):

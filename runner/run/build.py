@@ -171,16 +171,7 @@ def build_run(cfg: Config, initialize: bool = True,
     started = time.time()
     # on the CPU model (Admin profiles the first batch), before moving it
     model, report = fresh_model(cfg, data, collate(train, batches[0], pad, eos), initialize)
-    model.to(device).select_kernels(device.type)
-    # the scheme's lr/eps multipliers per parameter group (Depth-muP), None = one group
-    optimizer = build_optimizer(model.parameters(), cfg, device.type,
-                                init_schemes.param_groups(model, cfg))
-    forward: nn.Module = model
-    if world > 1:
-        forward = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    if t.compile:
-        forward = compiled(forward)
+    optimizer, forward = on_device(model, cfg, device, world)
     return RunParts(
         cfg=cfg, device=device, precision=precision, world=world, rank=rank, data=data,
         train_split=train, batches=batches, valid_split=valid, valid_batches=valid_batches,
@@ -188,6 +179,23 @@ def build_run(cfg: Config, initialize: bool = True,
         model=model, forward=forward, optimizer=optimizer,
         unpad=t.unpad if t.unpad is not None else device.type == "cpu",
         update_hook=init_schemes.update_hook(cfg), started=started, init_report=report)
+
+
+def on_device(model: nn.Module, cfg: Config, device: torch.device,
+              world: int) -> tuple[torch.optim.Optimizer, nn.Module]:
+    """The initialized model on `device` with its kernels, its optimizer (with the scheme's lr/eps
+    multipliers per parameter group, Depth-muP's; None = one group) and what training calls:
+    the model, or its DDP / compiled wrapper."""
+    model.to(device).select_kernels(device.type)
+    optimizer = build_optimizer(model.parameters(), cfg, device.type,
+                                init_schemes.param_groups(model, cfg))
+    forward: nn.Module = model
+    if world > 1:
+        forward = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.trainer.compile:
+        forward = compiled(forward)
+    return optimizer, forward
 
 
 def build_lm_run(cfg: Config, initialize: bool, device: torch.device, world: int, rank: int,
@@ -206,15 +214,7 @@ def build_lm_run(cfg: Config, initialize: bool, device: torch.device, world: int
     if initialize:
         first = lm_data.training_batch(train, d.block_size, d.batch_size, t.seed, 0)
         report = init_schemes.apply(model, cfg, first)
-    model.to(device).select_kernels(device.type)
-    optimizer = build_optimizer(model.parameters(), cfg, device.type,
-                                init_schemes.param_groups(model, cfg))
-    forward: nn.Module = model
-    if world > 1:
-        forward = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    if t.compile:
-        forward = compiled(forward)
+    optimizer, forward = on_device(model, cfg, device, world)
     return RunParts(
         cfg=cfg, device=device, precision=precision, world=world, rank=rank, data=data,
         train_split=train, batches=[], valid_split=valid, valid_batches=valid_batches,
