@@ -44,6 +44,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from runner.config import ConfigError
 from runner.console import progress_bar
 from runner.run import folder
+from runner.run.status import ACTIVE
 from runner.sweep import cells
 from runner.sweep.gpus import SlotPool, cuda_visible_devices, detect_devices, make_slots
 from runner.sweep.status import run_dirs_by_overrides
@@ -267,7 +268,7 @@ class SlurmSweepLauncher(_CellsMixin, BaseSubmititLauncher):
         states = cells.job_states(mine.values()) if mine else {}
         for i, entry in mine.items():
             state = states.get(str(entry.get("job_id")), "")
-            if cells.cell_status(None, entry, state)[0] in cells.ACTIVE:
+            if cells.cell_status(None, entry, state)[0] in ACTIVE:
                 results[i] = _completed(job_overrides[i], f"job {entry['job_id']} {state}")
                 log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(job_overrides[i]))}  "
                          f"[job {entry['job_id']} {state.lower()}, not resubmitted]")

@@ -35,6 +35,7 @@ from runner.config.paths import config_dir
 from runner.data.corpus import CorpusError
 from runner.init import get_scheme
 from runner.run.folder import folder_name
+from runner.run.status import ACTIVE, FINISHED
 from runner.run.train import train
 from runner.sweep import cells
 from runner.sweep.status import exit_code, render, sweep_states
@@ -244,7 +245,7 @@ def sweep_summary(sweep_dir: Optional[Path], started: float, signum: Optional[in
         return stopped
     code = exit_code(states, waited=waited)
     if code:
-        bad = [s for s in states if s.status not in cells.FINISHED + cells.ACTIVE]
+        bad = [s for s in states if s.status not in FINISHED + ACTIVE]
         sys.stderr.write(f"deepinit: {len(bad)} of {len(states)} cells did not finish (a failed "
                          f"cell's error.txt says why); the other cells' results are kept; run the "
                          "same command again to rerun only those\n")

@@ -27,6 +27,7 @@ from runner.console import Overview, console, file_log, log, overview_text, prin
 from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import final_scores, split_bleu
+from runner.run.status import OK, run_status
 from runner.run.telemetry import Telemetry
 from runner.train.loop import Callback, Outcome, Stopped, Trainer
 
@@ -174,7 +175,7 @@ def result_record(parts: RunParts, trainer: Trainer, outcome: Outcome, resumed: 
     s, t = trainer.state, parts.cfg.trainer
     valid = s.last_valid or {}
     stall_line = parts.valid_unigram_nll - t.divergence.stall_margin
-    stalled = (outcome.status == "ok" and s.best_valid_nll is not None
+    stalled = (outcome.status == OK and s.best_valid_nll is not None
                and s.best_valid_nll > stall_line)
     if stalled:
         log.warning("stalled: best valid NLL %.3f is not below the unigram NLL %.3f minus %.2f",
@@ -213,7 +214,7 @@ def train(cfg, run_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     previous = folder.is_finished(run_dir)
     if cfg.trainer.resume and previous:
-        status = folder.run_status(previous)
+        status = run_status(previous)
         log.info("run already finished (%s): %s", status, run_dir / "result.json")
         print_summary(previous, str(run_dir), status, loggers.record_finished(cfg, run_dir, previous))
         return previous
@@ -272,7 +273,7 @@ def train(cfg, run_dir: Path) -> dict:
     if telemetry is not None:  # where the first nan/inf appeared (docs/training.md "Telemetry")
         result["first_nonfinite"] = telemetry.first_nonfinite()
         telemetry.remove()
-    if main and cfg.trainer.final_bleu and result["status"] == "ok":
+    if main and cfg.trainer.final_bleu and result["status"] == OK:
         try:
             with progress_lines(log.info):  # no bar on a pipe or in a sweep: log lines instead
                 result.update(final_scores(cfg, run_dir, parts.device))
@@ -289,7 +290,7 @@ def train(cfg, run_dir: Path) -> dict:
         folder.write_result(run_dir, result)
         metrics.log_result(result)
         metrics.close(result["status"])
-        print_summary(result, str(run_dir), folder.run_status(result), end_notes(parts, run_dir, result))
+        print_summary(result, str(run_dir), run_status(result), end_notes(parts, run_dir, result))
     if parts.world > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -299,7 +300,7 @@ def train(cfg, run_dir: Path) -> dict:
 def end_notes(parts: RunParts, run_dir: Path, result: dict) -> list[str]:
     """Lines after the end-of-run summary: how to get the BLEU the run did not compute."""
     cfg = parts.cfg
-    if (result.get("bleu") is None and result["status"] == "ok"
+    if (result.get("bleu") is None and result["status"] == OK
             and cfg.data.test_split in parts.data.splits):
         why = ("it failed, see train.log" if result.get("bleu_error") else
                "trainer.final_bleu=false")

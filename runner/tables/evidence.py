@@ -116,11 +116,13 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 from scipy import optimize, stats
 
-from runner.tables.rulebook import CURRENT, NOT_TRAINED, RuleBook, rulebook
+from runner.run.status import FAILED_TO_TRAIN, OK
+from runner.tables.rulebook import CURRENT, NOT_TRAINED, OUTCOMES, TRAINED, RuleBook, rulebook
 
-# a Record's status: "ok" (trained), a way of not training (rule book v2 adds collapsed and
-# below_bar; v1 records only diverged and stalled), or "failed" (a crash: not evidence)
-STATUSES = ("ok", "diverged", "collapsed", "stalled", "below_bar", "failed")
+# a Record's status: its outcome under the rule book, "ok" for trained: a way of not training
+# (rule book v2 adds collapsed and below_bar; v1 records only diverged and stalled), or "failed"
+# (a crash: not evidence)
+STATUSES = tuple(OK if o == TRAINED else o for o in OUTCOMES)
 KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "more_failed", "same_best")
 TWO_ARM_KINDS = ("better", "more_diverged", "more_failed")
 METRIC_KINDS = ("better", "same_best")  # the kinds that compare `metric`
@@ -579,7 +581,7 @@ def _judge_fails_to_train(claim: Claim, a: Sequence[Record], book: RuleBook) -> 
 def _bad_statuses(book: RuleBook) -> tuple[str, ...]:
     """What does not count as trained in a comparison: v1 diverged or stalled; v2 every way of not
     training (collapsed and below the BLEU bar too)."""
-    return NOT_TRAINED if book.version >= 2 else ("diverged", "stalled")
+    return NOT_TRAINED if book.version >= 2 else FAILED_TO_TRAIN
 
 
 def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],

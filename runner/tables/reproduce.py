@@ -37,11 +37,10 @@ from runner.config import Config, ModelConfig, TrainerConfig
 from runner.console import format_duration
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import wait_interruptibly
-from runner.sweep.cells import FINISHED, signal_of
+from runner.run.status import DIVERGED, ENDED, FAILED, FAILED_TO_TRAIN, FINISHED, UNFINISHED, UNTRAINED
+from runner.sweep.cells import signal_of
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
-    NOT_TRAINED,
-    UNFINISHED,
     find_run_dirs,
     load_sweep,
     markdown_table,
@@ -59,7 +58,7 @@ SCALES = ("cpu", "real", "gpu", "paper")
 SUITE_TIERS = ("real", "gpu")
 LAUNCHERS = ("basic", "local", "slurm")
 # The grid compares with the paper's count of diverged runs: stalled cells are counted apart.
-DIVERGED_OR_CRASHED = ("diverged", "failed")
+DIVERGED_OR_CRASHED = (DIVERGED, FAILED)
 
 # CPU cost model for the plan's time estimate: seconds per update per layer of each stack for the
 # 64-128-2 model on the toy task (2,048-token batches, one thread), measured on this 2-core
@@ -253,7 +252,7 @@ def fmt_ours(cells: Sequence[CellResult], scale: str) -> str:
     if not cells:
         return "not run"
     n = len(cells)
-    div = sum(c.status in ("diverged", "stalled") for c in cells)
+    div = sum(c.status in FAILED_TO_TRAIN for c in cells)
     crashed = sum(c.status == "failed" for c in cells)
     unfinished = sum(c.status in UNFINISHED for c in cells)
     ok = [c for c in cells if c.status == "ok"]
@@ -313,7 +312,7 @@ def _failed_all(cells: Sequence[CellResult]) -> Optional[bool]:
     """Every cell diverged or stalled (None when there are no cells or some are unfinished)."""
     if not cells or any(c.status in UNFINISHED for c in cells):
         return None
-    return all(c.status in NOT_TRAINED for c in cells)
+    return all(c.status in UNTRAINED for c in cells)
 
 
 def _trained(cells: Sequence[CellResult]) -> Optional[bool]:
@@ -456,7 +455,7 @@ def render_grid(o: Outcome) -> str:
         # At CPU scale Post-LN's failure is a stall at the unigram plateau rather than a
         # blow-up (docs/reproductions.md), so the paper's pattern is also checked on failures.
         ("Post-LN fails (diverges or stalls) in several cells (2 or more)",
-         _several(post, NOT_TRAINED)),
+         _several(post, UNTRAINED)),
         ("Pre-LN converges in every cell", _trained(pre)),
         ("Admin converges in every cell", _trained(_select(cells, method="admin"))),
     ]
@@ -840,7 +839,7 @@ def write_outputs(outcome: Outcome, metric: str, echo=print) -> Path:
     if outcome.target == "grid":
         try:
             sweep = load_sweep(sweep_dir)
-            if any(c.status in ("ok", *NOT_TRAINED) for c in sweep.cells):
+            if any(c.status in ENDED for c in sweep.cells):
                 plot_heatmaps(sweep, metric, sweep_dir)
         except Exception as exc:  # plots are extra; the table is the result
             echo(f"note: heatmaps not drawn ({type(exc).__name__}: {exc})")

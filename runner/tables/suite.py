@@ -28,6 +28,7 @@ from runner.console import console, format_duration
 from runner.decode.signature import signature_note
 from runner.files import atomic_path, atomic_write_text
 from runner.run.folder import folder_name
+from runner.run.status import FAILED_TO_TRAIN
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
 from runner.sweep.report import markdown_table
 from runner.tables.evidence import (
@@ -846,7 +847,7 @@ def transfer_panels(preset: str, cells: Sequence[SuiteCell]) -> dict[str, dict]:
                 ok = _finite_values([cell.record for cell in at if cell.arm.get(over, "") == x], claim.metric)
                 seeds += [(x, v) for v in ok]
                 failed += [x for cell in at if cell.arm.get(over, "") == x
-                           and cell.record["status"] in ("diverged", "stalled")]
+                           and cell.record["status"] in FAILED_TO_TRAIN]
                 means.append(sum(ok) / len(ok) if ok else math.nan)
             lines[depth] = {"means": means, "seeds": seeds, "failed": failed}
         title = ", ".join(f"{k}={v}" for k, v in claim.a.items() if isinstance(v, str)) or claim.id
