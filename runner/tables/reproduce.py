@@ -37,7 +37,7 @@ from runner.config import Config, ModelConfig, TrainerConfig
 from runner.console import format_duration
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import wait_interruptibly
-from runner.run.status import DIVERGED, ENDED, FAILED, FAILED_TO_TRAIN, FINISHED, UNFINISHED, UNTRAINED
+from runner.run.status import DIVERGED, ENDED, FAILED, FAILED_TO_TRAIN, FINISHED, OK, STATUSES, UNFINISHED, UNTRAINED
 from runner.sweep.cells import signal_of
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
@@ -50,6 +50,7 @@ from runner.sweep.report import (
 from runner.tables import suite
 from runner.tables.evidence import selector_matches
 from runner.tables.records import Records, cell_key, results_root
+from runner.tables.rulebook import NOT_TRAINED
 
 REPO = Path(__file__).resolve().parents[2]
 # cpu: the toy smoke tier; real: Multi30k on CPU, gpu: Multi30k at the papers' model size on one GPU
@@ -339,8 +340,7 @@ def _all(values: Sequence[Optional[bool]]) -> Optional[bool]:
 
 
 def _status_line(all_cells: Sequence[CellResult]) -> str:
-    n = {s: sum(c.status == s for c in all_cells) for s in ("ok", "diverged", "stalled", "failed",
-                                                             *UNFINISHED)}
+    n = {s: sum(c.status == s for c in all_cells) for s in STATUSES}
     return (f"{len(all_cells)} cells: {n['ok']} ok, {n['diverged']} diverged, {n['stalled']} stalled, "
             f"{n['failed']} crashed, "
             f"{sum(n[s] for s in UNFINISHED)} unfinished")
@@ -1007,7 +1007,7 @@ def real_tier_status(parallel: int) -> list[dict]:
                      "cells": len(cells), "records": len(done),
                      # the rule book's outcomes ("ok": trained)
                      **{status: sum(suite.cell_outcome(r, decoded) == status for r in done)
-                        for status in ("ok", "diverged", "collapsed", "stalled", "below_bar")},
+                        for status in (OK, *NOT_TRAINED)},
                      "verdicts": verdict_counts,
                      "remaining_s": estimate_wall_s([minutes * 60] * todo, 1 if tier == "gpu" else parallel)
                      if minutes else None})
