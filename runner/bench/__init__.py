@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -46,7 +47,7 @@ from rich.table import Table
 from runner.bench.profile import OperatorProfile
 from runner.bench.reference import train_reference
 from runner.config import Config, config_from_dict
-from runner.console import console, log
+from runner.console import console, fmt, log
 from runner.data.corpus import default_corpus_dir
 from runner.data.dataset import TokenizedSplit
 from runner.decode.search import decode_throughput
@@ -823,8 +824,7 @@ def summarize_reference(ours: list[dict], refs: list[dict], peak: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- output
-def _fmt(value, spec: str, missing: str = "-") -> str:
-    return missing if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+_fmt = partial(fmt, show_nan=False)  # a NaN (a probe that could not measure) reads "-", like a missing value
 
 
 def _pct(fraction: Optional[float]) -> str:

@@ -26,6 +26,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from runner.console import fmt, format_duration
 from runner.run import folder
 from runner.run.status import (
     ENDED,
@@ -323,19 +324,6 @@ def isolation_rows(sweep: Sweep, metric: str = "best_valid_loss") -> list[dict]:
     return rows
 
 
-def _fmt(v: Optional[float], digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.{digits}f}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
-
-
-def _fmt_wall(s: Optional[float]) -> str:
-    if s is None:
-        return "-"
-    s = float(s)
-    return f"{s:.0f}s" if s < 120 else (f"{s / 60:.1f}m" if s < 7200 else f"{s / 3600:.1f}h")
-
-
 def cell_label(cell: Cell, axes: Sequence[str]) -> str:
     return " ".join(f"{a}={axis_value(cell, a)}" for a in axes) or ",".join(cell.overrides) or "-"
 
@@ -394,8 +382,9 @@ def _cells_table(sweep: Sweep) -> tuple[list[str], list[list[str]]]:
     body = []
     for r in table_rows(sweep):
         body.append([r.get(a, r["overrides"]) if sweep.axes else r["overrides"] for a in axes] + [
-            r["status"], _fmt(r["best_valid_loss"]), _fmt(r["bleu"], 2),
-            "-" if r["updates"] is None else str(r["updates"]), _fmt_wall(r["wall_s"])])
+            r["status"], fmt(r["best_valid_loss"], ".3f", small=1e-3), fmt(r["bleu"], ".2f", small=1e-3),
+            "-" if r["updates"] is None else str(r["updates"]),
+            "-" if r["wall_s"] is None else format_duration(r["wall_s"], short=True)])
     return header, body
 
 
@@ -422,7 +411,7 @@ def _isolation_table(sweep: Sweep, metric: str) -> tuple[list[str], list[list[st
         c = row["counts"]
         sci = [row["scientific"][a] for a in sweep.scientific] or ["-"]
         nui = [row["best_nuisance"].get(a, "-") for a in sweep.nuisance]
-        body.append(sci + [_fmt(row["metric"], 2 if metric == "bleu" else 3)] + nui +
+        body.append(sci + [fmt(row["metric"], ".2f" if metric == "bleu" else ".3f", small=1e-3)] + nui +
                     [f"{c['ok']}/{c['diverged']}/{c['stalled']}/{c['failed']}/"
                      f"{sum(c[s] for s in UNFINISHED)}"])
     return header, body
@@ -507,7 +496,7 @@ def plot_heatmaps(sweep: Sweep, metric: str, out_dir: Path) -> list[Path]:
                 text[i][j] = STALLED if c.status == STALLED else FAILED
             elif c.status == OK and c.value(metric) is not None:
                 grid[i, j] = c.value(metric)
-                text[i][j] = _fmt(c.value(metric), 2)
+                text[i][j] = fmt(c.value(metric), ".2f", small=1e-3)
             else:
                 text[i][j] = c.status
         fig, ax = plt.subplots(figsize=(1.3 * len(xs) + 2.5, 0.8 * len(ys) + 1.8))

@@ -18,13 +18,14 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from runner.console import console, format_duration
+from runner.console import console, fmt, format_duration
 from runner.decode.signature import signature_note
 from runner.files import atomic_path, atomic_write_text
 from runner.run.folder import folder_name
@@ -275,8 +276,7 @@ SLOPE_NOTE = ("slope: change of the validation loss per 1,000 updates over each 
               "over the arm's ok seeds); near 0 when the curve has flattened.")
 
 
-def _fmt(value: Optional[float], spec: str) -> str:
-    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+_fmt = partial(fmt, show_nan=False, show_inf=False)  # a value that is not a finite number reads "-"
 
 
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
