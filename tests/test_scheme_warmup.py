@@ -1,33 +1,65 @@
-"""init=tfixup trains without warmup unless the user sets one explicitly (the CLI applies the
-scheme's warmup_updates and says so)."""
+"""init=tfixup trains without warmup unless the user sets one explicitly: warmup=auto (the
+default) leaves warmup.updates to the init scheme, and the run layer fills it in
+(runner/run/build.py resolve_config, runner/config/resolve.py), so every way of building a run
+gets the rule, not only `deepinit train`."""
 from __future__ import annotations
 
 import pytest
 
 from runner.cli.compose import compose_run
-from runner.cli.train import method_group_options, method_groups_replaced, scheme_warmup
-from tests.conftest import compose
+from runner.cli.train import method_group_options, method_groups_replaced
+from runner.run.build import check_config, resolve_config
+from tests.conftest import TINY, compose
+
+NOTE = "init=tfixup trains without warmup: warmup.updates=0 (set warmup.updates=N to use one)"
 
 
-@pytest.mark.parametrize("overrides, choices, expected, changed", [
-    (["init=tfixup", "norm=none"], {"warmup": "default"}, 0, True),
-    (["init=tfixup", "norm=none", "warmup.updates=300"], {"warmup": "default"}, 300, False),
-    (["init=tfixup", "norm=none", "warmup=none"], {"warmup": "none"}, 0, False),
-    (["init=xavier"], {"warmup": "default"}, 100, False),
+@pytest.mark.parametrize("overrides, expected, changed", [
+    (["init=tfixup", "norm=none"], 0, True),
+    (["init=tfixup", "norm=none", "warmup.updates=300"], 300, False),
+    (["init=tfixup", "norm=none", "warmup.updates=100"], 100, False),  # the default's value, typed
+    (["init=tfixup", "norm=none", "warmup=none"], 0, False),
+    (["init=tfixup", "norm=none", "warmup=default"], 100, False),
+    (["init=tfixup", "norm=none", "warmup.init_lr=1e-7"], 100, False),  # a warmup of one's own
+    (["method=tfixup"], 0, True),
+    (["init=xavier"], 100, False),
+    (["init=xavier", "warmup.init_lr=1e-7"], 100, False),
 ])
-def test_tfixup_drops_warmup_unless_set(overrides, choices, expected, changed):
+def test_tfixup_drops_warmup_unless_set(overrides, expected, changed):
     cfg = compose(overrides)
-    note = scheme_warmup(cfg, choices, [o for o in overrides if o.startswith("warmup")])
+    note = resolve_config(cfg)
     assert cfg.warmup.updates == expected
     assert (note is not None) == changed
     if changed:
-        assert note == "init=tfixup trains without warmup: warmup.updates=0 (set warmup.updates=N to use one)"
+        assert note == NOTE
+    assert resolve_config(cfg) is None and cfg.warmup.updates == expected  # once resolved, it stays
 
 
 def test_a_preset_value_counts_as_explicit():
     cfg = compose(["init=tfixup", "norm=none"])
     cfg.warmup.updates = 4000  # what a sweep preset writing warmup.updates: 4000 composes to
-    assert scheme_warmup(cfg, {"warmup": "default"}, []) is None and cfg.warmup.updates == 4000
+    assert resolve_config(cfg) is None and cfg.warmup.updates == 4000
+
+
+def test_the_run_layer_applies_the_rule_without_the_cli(tmp_path, caplog):
+    """A caller of the run layer (a tool, a test, `python -m runner.run`) gets the scheme's warmup
+    as `deepinit train` does: check_config fills it in, train() trains with it and logs why."""
+    import logging
+
+    from runner.run.folder import read_metrics
+    from runner.run.train import train
+
+    cfg = compose(["init=tfixup", "norm=none", "optim.lr=1e-3", *(o for o in TINY if not o.startswith("warmup"))])
+    assert cfg.warmup.updates is None  # warmup=auto: left to the init scheme
+    with caplog.at_level(logging.INFO, logger="deepinit"):
+        result = train(cfg, tmp_path / "run")
+    assert NOTE in caplog.text
+    assert cfg.warmup.updates == 0 and result["status"] == "ok"
+    first = next(r for r in read_metrics(tmp_path / "run") if r["split"] == "train")
+    assert first["lr"] > 0.5e-3  # inverse_sqrt without warmup: near the peak from the first update
+    other = compose(["init=xavier"])
+    check_config(other)
+    assert other.warmup.updates == 100
 
 
 @pytest.mark.parametrize("args, note", [

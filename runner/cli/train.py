@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import hydra
 import submitit
@@ -29,11 +29,11 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.cli.compose import compose_run, describe_error, register_schemas
-from runner.config import Config, ConfigError
+from runner.cli.compose import compose, describe_error, register_schemas
+from runner.config import ConfigError
 from runner.config.paths import config_dir
 from runner.data.corpus import CorpusError
-from runner.init import get_scheme
+from runner.run.build import resolve_config
 from runner.run.folder import folder_name
 from runner.run.status import ACTIVE, FINISHED
 from runner.run.train import train
@@ -72,24 +72,6 @@ def with_output_dirs(args: list[str]) -> list[str]:
     return flags + overrides + extra
 
 
-def scheme_warmup(cfg: Config, choices, task_overrides: Sequence[str]) -> Optional[str]:
-    """An init scheme that trains without warmup (T-Fixup) gets its own warmup.updates when the
-    user set none: no `warmup=...` choice, no `warmup.*` override, and the default group's value
-    (a sweep preset that writes another value counts as explicit). Returns the log line, or None
-    when nothing changed."""
-    wanted = get_scheme(cfg.init.name).warmup_updates
-    if wanted is None or cfg.warmup.updates == wanted:
-        return None
-    default = OmegaConf.load(config_dir() / "warmup" / "default.yaml").updates
-    explicit = (choices.get("warmup", "default") != "default" or cfg.warmup.updates != default
-                or any(o.lstrip("+~").startswith("warmup") for o in task_overrides))
-    if explicit:
-        return None
-    cfg.warmup.updates = wanted
-    return (f"init={cfg.init.name} trains without warmup: warmup.updates={wanted} (set "
-            "warmup.updates=N to use one)")
-
-
 def method_group_options(defaults) -> dict[str, str]:
     """The groups a config's defaults list picks, {group: option}, from its `[optional] override
     /group[@package]: option` entries (`_self_` and other plain entries pick none)."""
@@ -123,9 +105,10 @@ def method_groups_replaced(choices) -> Optional[str]:
 
 
 def cfg_print_note(args: list[str]) -> Optional[str]:
-    """`--cfg job|all` prints the config as composed, before run_task's scheme_warmup: a trailing
-    YAML comment says what the run would change (None when nothing, or for `-m`, `--package` and
-    another config name or folder, whose output is not the whole config of this app's run)."""
+    """`--cfg job|all` prints the config as composed, before the run fills in what it leaves to
+    the init scheme (warmup=auto; runner/run/build.py `resolve_config`): a trailing YAML comment
+    says what the run would change (None when nothing, or for `-m`, `--package` and another
+    config name or folder, whose output is not the whole config of this app's run)."""
     try:  # Hydra's own parser (private: a release that moves it only loses this note), so every
         # spelling it accepts (--cfg=job, -cjob) reads the same
         from hydra._internal.utils import get_args_parser  # noqa: PLC0415 (private: see above)
@@ -137,7 +120,7 @@ def cfg_print_note(args: list[str]) -> Optional[str]:
             or ns.config_name or ns.config_dir or ns.config_path):
         return None
     try:
-        note = scheme_warmup(*compose_run(ns.overrides))
+        note = resolve_config(compose(ns.overrides))
     except ConfigError:  # Hydra has printed the config; a note that cannot be worked out is left off
         return None
     return f"# when the run starts: {note}" if note else None
@@ -163,12 +146,7 @@ def run_task(cfg: DictConfig) -> None:
             logging.getLogger("deepinit.file").debug("method check skipped: %s", exc)
         if replaced:
             logging.getLogger("deepinit").warning(replaced)
-        note = scheme_warmup(typed, hc.runtime.choices, hc.overrides.task)
-        if note:
-            logging.getLogger("deepinit").info(note)
-            # .hydra/config.yaml says what runs
-            OmegaConf.save(OmegaConf.structured(typed), run_dir / ".hydra" / "config.yaml")
-        train(typed, run_dir)
+        train(typed, run_dir)  # it fills in the warmup left to the init scheme, and says so
     except (ConfigError, CorpusError) as err:
         logging.getLogger("deepinit.file").error("config error: %s", err)
         if multirun:

@@ -79,8 +79,9 @@ class InitScheme:
     name: ClassVar[str] = ""
     placements: ClassVar[Optional[tuple[str, ...]]] = None
     placement_hint: ClassVar[str] = ""  # why the placement is required, for the error line
-    # The warmup the scheme is meant to train with, applied by `deepinit train` when the user
-    # sets none explicitly; None = no opinion (the config's warmup stands).
+    # The warmup the scheme is meant to train with, applied when the config leaves the warmup to
+    # the scheme (warmup=auto, the default: runner/config/resolve.py); None = no opinion
+    # (warmup=default's updates).
     warmup_updates: ClassVar[Optional[int]] = None
 
     def requirements(self, cfg) -> list[str]:

@@ -31,6 +31,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from runner import __version__
 from runner.console import log
@@ -238,6 +239,13 @@ def read_json(path: Path) -> Optional[Any]:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def write_config(run_dir: Path, cfg: Any) -> None:
+    """.hydra/config.yaml: the run's typed Config, as Hydra writes the composed one (atomic)."""
+    path = Path(run_dir) / ".hydra" / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
 
 def read_result(run_dir: Path) -> Optional[dict]:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from runner.config import Config, ConfigError, config_from_dict
+from runner.config import Config, ConfigError, config_from_dict, is_resolved
 from runner.console import Overview, console, file_log, log, overview_text, print_summary, progress_lines
 from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
@@ -209,9 +209,12 @@ def train(cfg, run_dir: Path) -> dict:
     """Validate, then train (or skip a finished run), and write result.json last."""
     if not isinstance(cfg, Config):
         cfg = config_from_dict(cfg)
-    check_config(cfg)
+    resolving = not is_resolved(cfg)
+    check_config(cfg)  # fills in what the config left to the run (warmup=auto), then checks it
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resolving and (run_dir / ".hydra" / "config.yaml").exists():
+        folder.write_config(run_dir, cfg)  # .hydra/config.yaml says what runs
     previous = folder.is_finished(run_dir)
     if cfg.trainer.resume and previous:
         status = run_status(previous)
