@@ -123,3 +123,35 @@ def test_method_group_options_reads_every_spelling_of_a_defaults_entry():
                 {"init": "xavier"}, {"a": 1, "b": 2}]
     assert method_group_options(defaults) == {"optim": "sgd", "norm": "post", "init": "xavier"}
     assert method_group_options(None) == {}
+
+
+@pytest.mark.slow
+def test_python_m_runner_run_trains_a_prepared_folder_with_the_rule(tmp_path):
+    """The run layer's own entry (what the paper tables' suites start for each cell): the caller
+    writes the composed config, `python -m runner.run RUN_DIR` trains it, fills in the scheme's
+    warmup, says so in train.log and rewrites .hydra/config.yaml with what ran."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from runner.run.folder import read_result, write_config
+
+    run_dir = tmp_path / "run"
+    overrides = ["init=tfixup", "norm=none", "optim.lr=1e-3", "trainer.progress=false",
+                 *(o for o in TINY if not o.startswith("warmup"))]
+    write_config(run_dir, compose(overrides), overrides)
+    assert yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["warmup"]["updates"] is None
+    proc = subprocess.run([sys.executable, "-m", "runner.run", str(run_dir)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_result(run_dir)["status"] == "ok"
+    assert NOTE in (run_dir / "train.log").read_text()
+    assert yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["warmup"]["updates"] == 0
+    assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == overrides
+    again = subprocess.run([sys.executable, "-m", "runner.run", str(run_dir)], capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0 and "already finished" in again.stdout + again.stderr
+    bad = subprocess.run([sys.executable, "-m", "runner.run", str(tmp_path / "nothing")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no such file" in bad.stderr

@@ -7,8 +7,23 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from runner.sweep import cells
+from runner.cli.compose import compose_run
+from runner.cli.train import method_groups_replaced
+from runner.config import Config, ConfigError
+from runner.console import log
+from runner.run import attempt
 from runner.tables import reproduce
+
+
+def compose_cell(overrides: list[str]) -> Config:
+    """A suite cell's config, composed as `deepinit train` composes it (the cell then runs as
+    `python -m runner.run`); a method whose groups a preset or override replaced is named, as
+    `deepinit train` names it."""
+    cfg, choices, _ = compose_run(overrides)
+    line = method_groups_replaced(choices)
+    if line:
+        log.warning("%s: %s", " ".join(overrides), line)
+    return cfg
 
 
 def main(argv: Sequence[str]) -> int:
@@ -47,11 +62,14 @@ def main(argv: Sequence[str]) -> int:
                    help="only (re)print the table: from the run folders, or at the real tier from the "
                         "records in results/ (trains nothing)")
     args = p.parse_intermixed_args(argv)
-    cells.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
+    attempt.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
     try:
-        return reproduce.run(args)
+        return reproduce.run(args, compose_cell)
+    except ConfigError as err:  # an override the cells cannot be composed with
+        sys.stderr.write(f"deepinit: error: {err}\n")
+        return 2
     except KeyboardInterrupt as exc:
-        signum = cells.signal_of(exc)
-        sys.stderr.write(f"deepinit: interrupted ({cells.signal_name(signum)}); the running cells "
+        signum = attempt.signal_of(exc)
+        sys.stderr.write(f"deepinit: interrupted ({attempt.signal_name(signum)}); the running cells "
                          "are marked interrupted and the same command resumes them\n")
         return 128 + signum

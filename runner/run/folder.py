@@ -241,11 +241,16 @@ def read_json(path: Path) -> Optional[Any]:
         return None
 
 
-def write_config(run_dir: Path, cfg: Any) -> None:
-    """.hydra/config.yaml: the run's typed Config, as Hydra writes the composed one (atomic)."""
-    path = Path(run_dir) / ".hydra" / "config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+def write_config(run_dir: Path, cfg: Any, overrides: Optional[Sequence[str]] = None) -> None:
+    """.hydra/config.yaml: the run's typed Config, as Hydra writes the composed one; with
+    `overrides`, also .hydra/overrides.yaml (the overrides that name the run, as Hydra records a
+    run's task overrides), for a run folder prepared without Hydra (`python -m runner.run`)."""
+    hydra_dir = Path(run_dir) / ".hydra"
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(hydra_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    if overrides is not None:
+        listed = OmegaConf.to_yaml(OmegaConf.create([str(o) for o in overrides]))
+        atomic_write_text(hydra_dir / "overrides.yaml", listed)
 
 
 def read_result(run_dir: Path) -> Optional[dict]:

@@ -28,6 +28,7 @@ from rich.table import Table
 
 from runner.console import fmt, format_duration
 from runner.run import folder
+from runner.run.attempt import INTERRUPTED_FILE
 from runner.run.status import (
     ENDED,
     FAILED,
@@ -42,7 +43,6 @@ from runner.run.status import (
     UNTRAINED,
     ended_status,
 )
-from runner.sweep.cells import INTERRUPTED_FILE
 from runner.sweep.plan import parse_overrides
 
 # Statuses: runner/run/status.py. A report reads folders only, so a cell is never "queued" here;

@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from runner.run import folder
+from runner.run.attempt import ERROR_FILE
 from runner.run.status import FAILED, FINISHED, INTERRUPTED, STATUSES, STYLE
 from runner.sweep import cells as cellfiles
 from runner.sweep.report import _is_task_override, _key, _load_yaml, expected_cells, find_run_dirs
@@ -44,7 +45,7 @@ class CellState:
     def error_file(self) -> Optional[Path]:
         if self.path is None:
             return None
-        p = self.path / cellfiles.ERROR_FILE
+        p = self.path / ERROR_FILE
         return p if p.exists() else None
 
     def as_dict(self, root: Path) -> dict:

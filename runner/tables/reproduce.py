@@ -35,10 +35,10 @@ import torch
 from runner.bench import CUDA_BF16_PEAK_TFLOPS, train_flops
 from runner.config import Config, ModelConfig, TrainerConfig
 from runner.console import format_duration
+from runner.run.attempt import signal_of
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import wait_interruptibly
 from runner.run.status import DIVERGED, ENDED, FAILED, FAILED_TO_TRAIN, FINISHED, OK, STATUSES, UNFINISHED, UNTRAINED
-from runner.sweep.cells import signal_of
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import (
     find_run_dirs,
@@ -879,7 +879,7 @@ def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real"
     return RealSuite(target, part, cells, records, minutes, tier)
 
 
-def run_real(target: Target, args, tier: str = "real") -> int:
+def run_real(target: Target, args, tier: str = "real", compose: Optional[Callable[[list[str]], Config]] = None) -> int:
     """SCALE=real or gpu: the target's Multi30k suite, cell by cell on this machine, with records
     in results/<target>/<tier>/ (runner/tables/suite.py)."""
     gpu = tier == "gpu"
@@ -926,7 +926,7 @@ def run_real(target: Target, args, tier: str = "real") -> int:
         return path
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
-    crashed = 0 if args.table_only else suite.run_cells(cells, work, records, parallel, report)
+    crashed = 0 if args.table_only else suite.run_cells(cells, work, records, parallel, report, compose=compose)
     path = report()
     print()
     print(path.read_text())
@@ -945,7 +945,7 @@ REAL_SUITE_ORDER = ("table2", "tfixup-depth", "schemes-norms", "schemes-scaling"
                     "schemes-scaling-warmup", "mup-transfer", "width", "table2-converged")
 
 
-def run_all_real(args) -> int:
+def run_all_real(args, compose: Optional[Callable[[list[str]], Config]] = None) -> int:
     """Every real-tier suite's cells without a record (or those of `--suites`, in that order),
     `--parallel` at a time in one pool (a core freed at the end of one suite starts the next
     suite's first cell); a suite's report is rewritten after each of its cells, so the records
@@ -977,7 +977,7 @@ def run_all_real(args) -> int:
             refresh_all_schemes()
         return path
 
-    crashed = 0 if args.table_only else suite.run_jobs(jobs, parallel, report)
+    crashed = 0 if args.table_only else suite.run_jobs(jobs, parallel, report, compose=compose)
     for name in plans:  # every report, finished or not, from the records as they are now
         print(f"{name}: report written to {report(name, with_all_schemes=False)}")
     if any(feeds_all_schemes(name) for name in plans):
@@ -1051,8 +1051,9 @@ def print_status(parallel: int) -> int:
     return 0
 
 
-def run(args) -> int:
-    """`deepinit reproduce` with parsed arguments (runner/cli/reproduce.py); the exit code."""
+def run(args, compose: Optional[Callable[[list[str]], Config]] = None) -> int:
+    """`deepinit reproduce` with parsed arguments and the CLI's composition, which the real and gpu
+    tiers' cells are composed with (runner/cli/reproduce.py); the exit code."""
     if args.target == "list":
         width = max(len(name) for name in (*TARGETS, ALL_SCHEMES))
         for t in TARGETS.values():
@@ -1083,7 +1084,7 @@ def run(args) -> int:
         if args.scale not in (None, "real"):
             print("deepinit reproduce all: only --scale real (every real-tier suite)", file=sys.stderr)
             return 2
-        return run_all_real(args)
+        return run_all_real(args, compose)
     t0 = time.perf_counter()
     target = TARGETS[args.target]
     scale = args.scale or next(s for s in (("paper", "cpu", "real") if gpu_visible() else
@@ -1093,7 +1094,7 @@ def run(args) -> int:
               f"{', '.join(target.parts)}", file=sys.stderr)
         return 2
     if scale in SUITE_TIERS:
-        return run_real(target, args, scale)
+        return run_real(target, args, scale, compose)
     launcher = args.launcher or "local"
     parallel = args.parallel or os.cpu_count() or 1
     sweep_dir = sweep_dir_for(args.out.resolve(), target.name, scale)

@@ -1,9 +1,9 @@
 """A reproduction suite on real data, run cell by cell on this machine (`SCALE=real` on CPU,
 `SCALE=gpu` on one GPU).
 
-Each cell (one seed of one arm of a preset in sweeps/) is one `deepinit train` process with one
-CPU thread; `parallel` of them run side by side (on a GPU, they share it). A rich progress bar
-counts cells with an ETA. A finished cell's record is written to
+Each cell (one seed of one arm of a preset in sweeps/) is one process (`python -m runner.run`, on
+the config `deepinit train` would compose) with one CPU thread; `parallel` of them run side by
+side (on a GPU, they share it). A rich progress bar counts cells with an ETA. A finished cell's record is written to
 results/<target>/<tier>/records.jsonl at once, so an
 interrupted suite keeps what it finished, and a later call (on this machine or another) trains
 only the cells that have no record yet. The preset's `sweep.claims` are the pre-registered
@@ -25,10 +25,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from runner.config import Config
 from runner.console import console, fmt, format_duration
 from runner.decode.signature import signature_note
 from runner.files import atomic_path, atomic_write_text
-from runner.run.folder import folder_name
+from runner.run.folder import folder_name, write_config
 from runner.run.status import FAILED_TO_TRAIN
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
 from runner.sweep.report import markdown_table
@@ -53,7 +54,7 @@ SEED_AXIS = "trainer.seed"
 
 @dataclass
 class SuiteCell:
-    overrides: list[str]  # what the `deepinit train` call gets (the preset, the cell's axes, extras)
+    overrides: list[str]  # what the cell's config is composed from (the preset, the cell's axes, extras)
     key: list[str]  # the result-changing overrides, canonical (the record's identity)
     arm: dict[str, str]  # the axes other than the seed
     seed: int
@@ -146,27 +147,31 @@ def seed_major(cells: Sequence[SuiteCell]) -> list[SuiteCell]:
 
 
 def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int,
-              on_cell_done: Optional[Callable[[str], None]] = None) -> int:
+              on_cell_done: Optional[Callable[[str], None]] = None, *,
+              compose: Callable[[list[str]], Config]) -> int:
     """Train the cells without a record, `parallel` at a time, one thread each; write each
     finished cell's record at once. Returns the number of cells that crashed."""
-    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel, on_cell_done)
+    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel, on_cell_done, compose=compose)
 
 
 def run_jobs(jobs: Sequence[Job], parallel: int,
-             on_cell_done: Optional[Callable[[str], None]] = None) -> int:
+             on_cell_done: Optional[Callable[[str], None]] = None, *,
+             compose: Callable[[list[str]], Config]) -> int:
     """Train the jobs in order, `parallel` at a time, one thread each, writing each finished
     cell's record at once; a slot that frees takes the next job whatever its suite, so no core
     idles between suites. `on_cell_done(group)` runs after each job of the group has ended
     (recorded or crashed), so a suite's report can follow its records cell by cell.
-    Ctrl-C or SIGTERM stops the running cells (`stop_cells`) before it propagates. Returns the
-    number of cells that crashed."""
-    pool = _Pool(jobs, parallel, on_cell_done)
+    Ctrl-C or SIGTERM stops the running cells (`stop_cells`) before it propagates. Each cell is a
+    process of its own, `python -m runner.run RUN_DIR`, on the config `compose` makes of its
+    overrides (the CLI's composition: runner/cli/reproduce.py passes it). Returns the number of
+    cells that crashed."""
+    pool = _Pool(jobs, parallel, on_cell_done, compose)
     columns = (TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[now]}"))
     with Progress(*columns, console=console) as progress:
         try:
             return pool.run(progress)
-        except BaseException:  # Ctrl-C, SIGTERM (cells.Interrupted), an error: no orphan cells
+        except BaseException:  # Ctrl-C, SIGTERM (runner.run.attempt.Interrupted), an error: no orphan cells
             progress.stop()
             stop_cells([proc for _, proc, _ in pool.running])
             raise
@@ -197,7 +202,8 @@ class _Pool:
     """run_jobs' state: the queue and the running cells (job, process, log file)."""
 
     def __init__(self, jobs: Sequence[Job], parallel: int,
-                 on_cell_done: Optional[Callable[[str], None]]):
+                 on_cell_done: Optional[Callable[[str], None]], compose: Callable[[list[str]], Config]):
+        self.compose = compose
         self.queue = list(jobs)
         self.parallel = parallel
         self.on_cell_done = on_cell_done
@@ -210,9 +216,10 @@ class _Pool:
     def _start(self, job: Job) -> None:
         job.work.mkdir(parents=True, exist_ok=True)
         run_dir = job.work / job.cell.name
+        overrides = [*job.cell.overrides, "trainer.threads=1", "trainer.progress=false"]
+        write_config(run_dir, self.compose(overrides), overrides)  # what `deepinit train` would compose
         log = open(job.work / f"{job.cell.name}.out", "w")
-        cmd = [sys.executable, "-m", "runner.cli", "train", *job.cell.overrides, "trainer.threads=1",
-               "trainer.progress=false", f"hydra.run.dir='{run_dir}'"]
+        cmd = [sys.executable, "-m", "runner.run", str(run_dir)]
         self.running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                    env=self.env), log))
 
