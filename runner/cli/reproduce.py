@@ -12,7 +12,7 @@ from runner.cli.train import method_groups_replaced
 from runner.config import Config, ConfigError
 from runner.console import log
 from runner.run import attempt
-from runner.tables import reproduce
+from runner.tables import last_checkpoint, reproduce
 
 
 def compose_cell(overrides: list[str]) -> Config:
@@ -24,6 +24,23 @@ def compose_cell(overrides: list[str]) -> Config:
     if line:
         log.warning("%s: %s", " ".join(overrides), line)
     return cfg
+
+
+def last_checkpoint_bleu(args) -> int:
+    """`deepinit reproduce TARGET --last-checkpoint-bleu [RUN_FOLDERS]` (runner/tables/last_checkpoint.py)."""
+    target = reproduce.TARGETS.get(args.target)
+    if target is None or "real" not in target.parts or args.scale not in (None, "real") or args.overrides:
+        sys.stderr.write("deepinit reproduce: --last-checkpoint-bleu measures a target's real-tier cells: "
+                         "deepinit reproduce TARGET --last-checkpoint-bleu [RUN_FOLDERS], TARGET one with a "
+                         "real tier, no --scale but real, no overrides\n")
+        return 2
+    suite_dir = (reproduce.sweep_dir_for(args.out.resolve(), target.name, "real")
+                 if args.last_checkpoint_bleu is True else args.last_checkpoint_bleu)
+    if not suite_dir.is_dir():
+        sys.stderr.write(f"deepinit reproduce: {suite_dir}: no such folder of run folders\n")
+        return 2
+    last_checkpoint.measure(target.name, suite_dir)
+    return 0
 
 
 def main(argv: Sequence[str]) -> int:
@@ -58,10 +75,17 @@ def main(argv: Sequence[str]) -> int:
                         f"in the order {', '.join(reproduce.REAL_SUITE_ORDER)})")
     p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")
     p.add_argument("--no-eval", action="store_true", help="do not decode/score finished cells")
+    p.add_argument("--last-checkpoint-bleu", nargs="?", const=True, default=None, type=Path,
+                   metavar="RUN_FOLDERS",
+                   help="measure the BLEU of each real-tier cell's last checkpoint beside the average "
+                        "its record scores, on the suite's run folders (default <out>/TARGET-real), "
+                        "into results/TARGET/real/last-checkpoint-bleu.jsonl and .md (trains nothing)")
     p.add_argument("--table-only", action="store_true",
                    help="only (re)print the table: from the run folders, or at the real tier from the "
                         "records in results/ (trains nothing)")
     args = p.parse_intermixed_args(argv)
+    if args.last_checkpoint_bleu is not None:
+        return last_checkpoint_bleu(args)
     attempt.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
     try:
         return reproduce.run(args, compose_cell)

@@ -45,7 +45,8 @@ def cell_key(overrides: Sequence[str]) -> str:
 
 
 # Measured on a tier's run folders after training, one JSON line per cell keyed by the record's
-# overrides (results/last_checkpoint_bleu.py writes it): {"overrides", "seed", "bleu_last", ...}.
+# overrides (runner/tables/last_checkpoint.py writes it: deepinit reproduce TARGET --last-checkpoint-bleu):
+# {"overrides", "seed", "bleu_last", ...}.
 LAST_CHECKPOINT_FILE = "last-checkpoint-bleu.jsonl"
 
 
