@@ -14,7 +14,7 @@ import signal
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -181,6 +181,37 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     return batch.to(device, non_blocking=True)
 
 
+def optimizer_update(model, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], max_norm: float,
+                     scaler: torch.amp.GradScaler, loss_scale: Optional[LossScaleMonitor],
+                     update_hook: Optional[Callable[[Any, int], None]],
+                     step: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The update once the gradients are in, as training takes it: unscale them (fp16's loss
+    scaler; a no-op otherwise), clip to max_norm (inf: measure only), the optimizer step through
+    the scaler (skipped on an fp16 overflow, which loss_scale counts), zero the gradients, then
+    the init scheme's per-update hook for update `step` (1-based). Returns (the gradient norm
+    before clipping, the fp16 skip flag or None). `Trainer.step` takes every update through it,
+    and so does an analysis that takes "one update as training does" (output_change.adam_step)."""
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    scaler.step(optimizer)
+    if loss_scale is not None:
+        loss_scale.before_update()
+    scaler.update()
+    skipped = None
+    if loss_scale is not None:
+        loss_scale.after_update()
+        skipped = loss_scale.last_overflow
+    optimizer.zero_grad(set_to_none=True)
+    if update_hook is not None:
+        update_hook(model, step)
+    return grad_norm, skipped
+
+
+def loss_scaler(precision: str) -> torch.amp.GradScaler:
+    """The gradient scaler of a run in `precision`: active for fp16 only (a no-op otherwise)."""
+    return torch.amp.GradScaler("cuda", enabled=precision == "fp16")
+
+
 # ----------------------------------------------------------------------------- the loop
 class Trainer:
     """Trains `parts` (a runner.run.build.RunParts: config, device, data, model, optimizer)."""
@@ -194,7 +225,7 @@ class Trainer:
         self._rng_ranks: Optional[list] = None  # every rank's RNG state at the last gather_rng()
         self.stream = batch_stream(parts.batches, self.cfg.trainer.seed, self.state.pos)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(parts.precision)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=parts.precision == "fp16")
+        self.scaler = loss_scaler(parts.precision)
         # fp16 only: overflow count and the min-scale stop (runner/train/loss_scale.py)
         self.loss_scale = (LossScaleMonitor(self.scaler, self.cfg.trainer.min_loss_scale)
                            if self.scaler.is_enabled() else None)
@@ -269,20 +300,10 @@ class Trainer:
                 self.scaler.scale(loss * (self.world / ntokens)).backward()
             loss_sum += loss.detach()
             nll_parts.append(nll.detach())
-        self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
-        self.scaler.step(self.optimizer)
-        if self.loss_scale is not None:
-            self.loss_scale.before_update()
-        self.scaler.update()
-        skipped = None
-        if self.loss_scale is not None:
-            self.loss_scale.after_update()
-            skipped = self.loss_scale.last_overflow
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, skipped = optimizer_update(self.model, self.optimizer, self.params, self.max_norm,
+                                              self.scaler, self.loss_scale, self.parts.update_hook,
+                                              self.state.step + 1)
         self.state.step += 1
-        if self.parts.update_hook is not None:
-            self.parts.update_hook(self.model, self.state.step)
         out = StepOutput(loss_sum, nll_parts, grad_norm, ntokens, lr, batches, skipped)
         self._callbacks("on_step_end", out)
         return out
