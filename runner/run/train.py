@@ -62,20 +62,21 @@ class CheckpointCallback(Callback):
         folder.save_checkpoint_file(trainer.state_dict(), self.run_dir / "checkpoint_best.pt")
 
 
-class ValidBleu(Callback):
-    """Tokenized BLEU of the valid split at every validation (trainer.valid_bleu, or
-    best_checkpoint_metric=bleu). Every rank decodes the whole split: the same score, no
-    communication."""
+class ValidBleu:
+    """The trainer's valid_bleu scorer: tokenized BLEU of the valid split at every validation
+    (trainer.valid_bleu, or best_checkpoint_metric=bleu), the Validation's `bleu`. Every rank
+    decodes the whole split: the same score, no communication."""
 
     def __init__(self, parts: RunParts):
         self.parts = parts
 
-    def on_validate(self, trainer: Trainer, record: dict) -> None:
+    def __call__(self, trainer: Trainer) -> float:
         p, cfg = self.parts, self.parts.cfg
-        record["bleu"] = split_bleu(
+        bleu = split_bleu(
             p.model, p.valid_split, p.data.references[cfg.data.valid_split], p.data.tgt_dict,
             p.data.bpe_symbol, cfg.trainer, cfg.data.max_tokens, p.device)
         p.model.train()
+        return bleu
 
 
 # ----------------------------------------------------------------------------- stopping
@@ -230,8 +231,8 @@ def train(cfg, run_dir: Path) -> dict:
     parts = build_run(cfg, initialize=not resume)
     main = parts.rank == 0
     callbacks: list[Callback] = []
-    if cfg.trainer.valid_bleu or cfg.trainer.best_checkpoint_metric == "bleu":
-        callbacks.append(ValidBleu(parts))
+    valid_bleu = (ValidBleu(parts) if cfg.trainer.valid_bleu or cfg.trainer.best_checkpoint_metric == "bleu"
+                  else None)
     if main:
         callbacks.append(CheckpointCallback(run_dir, cfg.trainer.keep_checkpoints))
     telemetry = None
@@ -239,7 +240,7 @@ def train(cfg, run_dir: Path) -> dict:
         telemetry = Telemetry(parts.model, cfg.trainer.telemetry_interval, parts.pad,
                               fp16=parts.precision == "fp16")
         callbacks.append(telemetry)
-    trainer = Trainer(parts, callbacks)
+    trainer = Trainer(parts, callbacks, valid_bleu=valid_bleu)
     if resume:
         trainer.load_state_dict(folder.load_checkpoint(last, map_location=parts.device))
         log.info("resumed from %s at update %d", last, trainer.state.step)
