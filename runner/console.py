@@ -1,10 +1,12 @@
 """Everything the user sees: the rich console, the run's start summary, the live progress bars
-(training, decoding) and the end summary."""
+(training, decoding), the end summary, and how every table writes a number (`fmt`) and a time
+span (`format_duration`)."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
+import numbers
 import sys
 import textwrap
 import time
@@ -157,8 +159,20 @@ def overview_text(title: str, rows: Sequence[tuple[str, str]]) -> str:
     return "\n".join([title, *(f"  {key.ljust(width)}  {value}" for key, value in rows)])
 
 
-def fmt(value, spec: str = ".4f") -> str:
-    return "-" if value is None else format(value, spec)
+def fmt(value, spec: str = ".4f", missing: str = "-", *, show_nan: bool = True, show_inf: bool = True,
+        small: float = 0.0, small_spec: str = ".2e") -> str:
+    """A number for a table or a summary: `value` formatted with `spec`, or `missing` when it is
+    None (not measured), or NaN with show_nan=False, or +-inf with show_inf=False (else they read
+    "nan", "inf"). A nonzero value closer to 0 than `small` is formatted with `small_spec`
+    instead (scientific notation, so that 0.0004 does not read 0.000)."""
+    if value is None:
+        return missing
+    if isinstance(value, numbers.Real) and ((not show_nan and math.isnan(value))
+                                           or (not show_inf and math.isinf(value))):
+        return missing
+    if small and value != 0 and abs(value) < small:
+        return format(value, small_spec)
+    return format(value, spec)
 
 
 def summary_table(result: dict, status: Optional[str] = None) -> Table:
@@ -197,11 +211,13 @@ def print_summary(result: dict, run_dir: str, status: Optional[str] = None,
         console.print(note, soft_wrap=True, markup=False, highlight=False)
 
 
-def format_duration(seconds: float) -> str:
-    """A time span as people read it: "95 s", "12.5 min", "3.2 h"."""
+def format_duration(seconds: float, short: bool = False) -> str:
+    """A time span as people read it: "95 s", "12.5 min", "3.2 h"; short=True: "95s", "12.5m",
+    "3.2h" (a table column)."""
     s = float(seconds)
+    unit_s, unit_min, unit_h = ("s", "m", "h") if short else (" s", " min", " h")
     if s < 120:
-        return f"{s:.0f} s"
+        return f"{s:.0f}{unit_s}"
     if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
+        return f"{s / 60:.1f}{unit_min}"
+    return f"{s / 3600:.1f}{unit_h}"

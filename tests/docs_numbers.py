@@ -4,7 +4,7 @@ committed records at test time.
 
 Sources. `results/<target>/real/report.md` is rendered from `records.jsonl` by the suite's own
 renderer (runner/tables/report.py, as `deepinit reproduce` writes it; all-schemes by render_combined),
-`last-checkpoint-bleu.md` by results/last_checkpoint_bleu.py's write_table from its jsonl; a
+`last-checkpoint-bleu.md` by runner/tables/last_checkpoint.py's write_table from its jsonl; a
 `.json`/`.jsonl` file is read for its values at full precision; any other file (a hand-written
 measurement report) is taken as committed.
 
@@ -28,7 +28,6 @@ the printed decimals where it is a JSON value.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import re
 import tempfile
@@ -333,16 +332,15 @@ def render_report(target: str) -> str:
 
 
 def render_last_checkpoint_table(target: str) -> str:
-    """results/<target>/real/last-checkpoint-bleu.md as results/last_checkpoint_bleu.py writes
-    it from its jsonl."""
-    spec = importlib.util.spec_from_file_location("last_checkpoint_bleu", REPO / "results" / "last_checkpoint_bleu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """results/<target>/real/last-checkpoint-bleu.md as `deepinit reproduce TARGET
+    --last-checkpoint-bleu` writes it from its jsonl (runner/tables/last_checkpoint.py)."""
+    from runner.tables.last_checkpoint import write_table
+
     folder = REPO / "results" / target / "real"
     lines = [json.loads(line) for line in (folder / "last-checkpoint-bleu.jsonl").read_text().splitlines() if line.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "last-checkpoint-bleu.md"
-        module.write_table(target, lines, out)
+        write_table(target, lines, out)
         return out.read_text()
 
 

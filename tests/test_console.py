@@ -105,3 +105,20 @@ def test_ctrl_c_while_the_verb_loads_is_one_line_and_exit_130(monkeypatch, capsy
     else:
         pytest.fail("main() returned")
     assert capsys.readouterr().err == "deepinit: interrupted\n"
+
+
+def test_one_number_format_for_every_table():
+    from runner.console import fmt, format_duration
+
+    nan, inf = float("nan"), float("inf")
+    # the run summary: None is missing, nan and inf are shown (a diverged run's loss)
+    assert [fmt(None), fmt(1.5), fmt(nan), fmt(inf, ".2f")] == ["-", "1.5000", "nan", "inf"]
+    # the suites' tables: anything not finite is missing; the bench tables: NaN (not measured) only
+    assert [fmt(v, ".3f", show_nan=False, show_inf=False) for v in (nan, inf, -inf, 2)] == ["-", "-", "-", "2.000"]
+    assert [fmt(v, ".1f", show_nan=False) for v in (nan, inf)] == ["-", "inf"]
+    assert fmt(None, ".1f", missing="n/a") == "n/a"
+    # small values in e-notation (the sweep report; the evidence's signed differences); 0 stays fixed
+    assert [fmt(v, ".3f", small=1e-3) for v in (0.0004, 0, -0.0012, nan)] == ["4.00e-04", "0.000", "-0.001", "nan"]
+    assert [fmt(v, "+.2f", small=0.01, small_spec="+.2e") for v in (0.005, -0.0, 0.25)] == ["+5.00e-03", "-0.00", "+0.25"]
+    assert [format_duration(s) for s in (95, 750, 11520)] == ["95 s", "12.5 min", "3.2 h"]
+    assert [format_duration(s, short=True) for s in (95, 750, 11520)] == ["95s", "12.5m", "3.2h"]

@@ -176,7 +176,7 @@ def test_validation_does_not_wait_for_the_gpu():
     with no_host_sync():
         sums, tokens = trainer.validation_sums()
     assert tokens > 0 and bool(torch.isfinite(sums).all())
-    assert trainer.validation_loss()["loss"] == pytest.approx(float(sums[0]) / tokens, rel=1e-6)
+    assert trainer.validation_loss().loss == pytest.approx(float(sums[0]) / tokens, rel=1e-6)
 
 
 def test_compile_matches_eager_and_stops_recompiling(tmp_path):

@@ -113,6 +113,8 @@ def test_training_with_valid_bleu_best_checkpoint_and_final_bleu(tmp_path):
     valid = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["split"] == "valid"]
     assert [v["step"] for v in valid] == [10, 20] and all(v["bleu"] >= 0 for v in valid)
+    # the Validation's fields, BLEU (the run's valid_bleu scorer) last
+    assert list(valid[0]) == ["split", "step", "epoch", "lr", "loss", "nll_loss", "ppl", "bleu"]
     best = ckpt.load_checkpoint(run / "checkpoint_best.pt")
     assert best["best_metric"] == max(v["bleu"] for v in valid)
     assert best["step"] == next(v["step"] for v in valid if v["bleu"] == best["best_metric"])

@@ -144,7 +144,7 @@ def test_the_stop_handler_asks_once_then_stops_at_once(monkeypatch):
 def test_the_resume_note_says_what_a_rerun_does(tmp_path):
     import torch
 
-    from runner.sweep.cells import resume_note
+    from runner.run.attempt import resume_note
 
     assert resume_note(tmp_path) == f"nothing was saved yet: running the same command again starts {tmp_path} over from update 0"
     folder.save_checkpoint(tmp_path, {"step": 160, "model": {"w": torch.zeros(3)}}, 160, keep=0)

@@ -602,3 +602,19 @@ def test_sigterm_to_a_cpu_tier_driver_stops_its_sweep_and_a_rerun_finishes_the_c
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "ok" and result["updates"] == 300 and result["resumed"] is True
+
+
+def test_last_checkpoint_bleu_verb_checks_its_target_and_folder(tmp_path, monkeypatch, capsys):
+    """`deepinit reproduce TARGET --last-checkpoint-bleu [RUN_FOLDERS]` (once
+    results/last_checkpoint_bleu.py): a real-tier target, its run folders (default
+    <out>/TARGET-real); cells without a matching record are left alone and nothing is written."""
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path / "results"))
+    assert reproduce_main(["grid", "--scale", "cpu", "--last-checkpoint-bleu"]) == 2
+    assert reproduce_main(["lipschitz", "--last-checkpoint-bleu", str(tmp_path / "none")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    cell = tmp_path / "out" / "lipschitz-real" / "cell"
+    (cell / ".hydra").mkdir(parents=True)
+    (cell / ".hydra" / "overrides.yaml").write_text("- +sweep=reproduce_lipschitz_real\n")
+    (cell / "result.json").write_text(json.dumps({"status": "ok", "bleu": 20.0}))
+    assert reproduce_main(["lipschitz", "--last-checkpoint-bleu", "--out", str(tmp_path / "out")]) == 0
+    assert not (tmp_path / "results" / "lipschitz" / "real" / "last-checkpoint-bleu.jsonl").exists()

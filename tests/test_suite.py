@@ -15,7 +15,7 @@ from runner.tables.plots import grid_axes, grid_panels, plot_grid, plot_transfer
 from runner.tables.pool import Job, run_jobs
 from runner.tables.records import cell_key
 from runner.tables.report import curve_slope, provenance, render
-from tests.conftest import REPO, run_cli_here
+from tests.conftest import REPO, compose, run_cli_here
 
 SHRINK = ["data=toy", "data.toy.train_size=300", "data.toy.valid_size=30", "data.toy.test_size=20",
           "model=ci", "model.dim=32", "model.ffn_dim=64", "model.heads=2", "model.layers=2",
@@ -451,6 +451,10 @@ def test_gpu_session_bench_step_times_presets_and_depth_apart_and_bundles_its_fi
 
 @pytest.mark.slow
 def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
+    import yaml
+    from omegaconf import OmegaConf
+
+    from runner.run.build import check_config
     from runner.tables.records import Records
 
     cells = suite.plan("reproduce_table2_real", SHRINK)
@@ -459,11 +463,20 @@ def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
     jobs = [Job(c, tmp_path / "work-a", a, "a") for c in first] + \
         [Job(c, tmp_path / "work-b", b, "b") for c in second]
     done = []
-    assert run_jobs(jobs, parallel=2, on_cell_done=done.append) == 0
+    assert run_jobs(jobs, parallel=2, on_cell_done=done.append, compose=compose) == 0
     assert sorted(done) == ["a", "a", "b"]  # each suite's report follows each of its cells
     assert len(Records.load(tmp_path / "a").by_key) == 2 and len(Records.load(tmp_path / "b").by_key) == 1
     assert all(c.record is not None and c.record["status"] in ("ok", "stalled") for c in first + second)
-    assert (tmp_path / "work-b" / second[0].name / "result.json").is_file()
+    run_dir = tmp_path / "work-b" / second[0].name
+    assert (run_dir / "result.json").is_file()
+    # each cell ran as `python -m runner.run` on the config `deepinit train` composes, in a folder
+    # that reads like a Hydra run's (its overrides, its resolved config, train.log)
+    overrides = [*second[0].overrides, "trainer.threads=1", "trainer.progress=false"]
+    assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == overrides
+    resolved = compose(overrides)
+    check_config(resolved)
+    assert (run_dir / ".hydra" / "config.yaml").read_text() == OmegaConf.to_yaml(OmegaConf.structured(resolved))
+    assert "valid at update" in (run_dir / "train.log").read_text()
 
 
 def test_all_real_suites_are_in_the_pool_order():

@@ -14,6 +14,7 @@ import yaml
 
 from hydra_plugins.deepinit_launcher.processes import alive, descendants, stop_tree
 from runner.cli.sweep import main as sweep_main
+from runner.run import attempt
 from runner.sweep import cells
 from runner.sweep.report import load_sweep, read_cell
 from runner.sweep.status import exit_code, render, sweep_states
@@ -30,9 +31,9 @@ def make_cell(root: Path, overrides: list, result: dict = None, marker: bool = F
     if result is not None:
         (d / "result.json").write_text(json.dumps(result))
     if marker:
-        cells.mark_interrupted(d, "SIGTERM")
+        attempt.mark_interrupted(d, "SIGTERM")
     if error is not None:
-        cells.record_failure(d, error, f"Traceback (most recent call last):\n  {error}")
+        attempt.record_failure(d, error, f"Traceback (most recent call last):\n  {error}")
     return d
 
 
@@ -147,12 +148,12 @@ def test_a_new_attempt_forgets_how_the_last_one_ended(sweep):
     stopped = sweep / "model=ci,optim.lr=0.0005,trainer.seed=2"
     done = sweep / "model=ci,optim.lr=0.0001,trainer.seed=1"
     for d in (failed, stopped, done):
-        cells.begin_attempt(d)
+        attempt.begin_attempt(d)
     assert cells.folder_status(failed)[0] == "running" and not (failed / "error.txt").exists()
     assert cells.folder_status(stopped)[0] == "running"
     assert cells.folder_status(done)[0] == "ok"
     # a finished cell is never marked failed or interrupted afterwards
-    assert not cells.record_failure(done, "late") and not cells.mark_interrupted(done, "late")
+    assert not attempt.record_failure(done, "late") and not attempt.mark_interrupted(done, "late")
 
 
 def test_render_survives_brackets_in_values(sweep, capsys):

@@ -43,7 +43,8 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from runner.config import ConfigError
 from runner.console import progress_bar
-from runner.run import folder
+from runner.run import attempt, folder
+from runner.run.status import ACTIVE
 from runner.sweep import cells
 from runner.sweep.gpus import SlotPool, cuda_visible_devices, detect_devices, make_slots
 from runner.sweep.status import run_dirs_by_overrides
@@ -123,12 +124,12 @@ class _CellsMixin:
         if state in ("CANCELLED", "PREEMPTED", "TIMEOUT", "DEADLINE"):
             log.error(f"cell {lst}: job {job.job_id} {state}")
             if run_dir is not None:
-                cells.mark_interrupted(run_dir, f"job {job.job_id} {state}")
+                attempt.mark_interrupted(run_dir, f"job {job.job_id} {state}")
         else:
             reason = f"its job {job.job_id} ended without a result ({type(error).__name__}, state {state or '?'})"
             log.error(f"cell {lst}: {reason}: {error}")
             if run_dir is not None:
-                cells.record_failure(run_dir, reason, f"{reason}\n\n{error}\n\nlauncher logs: "
+                attempt.record_failure(run_dir, reason, f"{reason}\n\n{error}\n\nlauncher logs: "
                                      f"{job.paths.stdout}, {job.paths.stderr}", overrides)
         return _completed(overrides, error)
 
@@ -226,7 +227,7 @@ class LocalSweepLauncher(_CellsMixin, BaseSubmititLauncher):
               exc: BaseException) -> None:
         """Stop every worker, then mark the cells that were running as interrupted."""
         if isinstance(exc, KeyboardInterrupt):
-            why = f"{cells.signal_name(cells.signal_of(exc))} to the local launcher"
+            why = f"{attempt.signal_name(attempt.signal_of(exc))} to the local launcher"
         else:
             why = f"the local launcher stopped on {type(exc).__name__}: {exc}"
         log.warning(f"stopping {len(running)} running cells: {why}")
@@ -238,7 +239,7 @@ class LocalSweepLauncher(_CellsMixin, BaseSubmititLauncher):
         for i, _ in running.values():
             run_dir = self._cell_dir(job_overrides[i], initial_job_idx + i)
             if run_dir is not None:
-                cells.mark_interrupted(run_dir, why)
+                attempt.mark_interrupted(run_dir, why)
 
 
 class SlurmSweepLauncher(_CellsMixin, BaseSubmititLauncher):
@@ -267,7 +268,7 @@ class SlurmSweepLauncher(_CellsMixin, BaseSubmititLauncher):
         states = cells.job_states(mine.values()) if mine else {}
         for i, entry in mine.items():
             state = states.get(str(entry.get("job_id")), "")
-            if cells.cell_status(None, entry, state)[0] in cells.ACTIVE:
+            if cells.cell_status(None, entry, state)[0] in ACTIVE:
                 results[i] = _completed(job_overrides[i], f"job {entry['job_id']} {state}")
                 log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(job_overrides[i]))}  "
                          f"[job {entry['job_id']} {state.lower()}, not resubmitted]")

@@ -5,6 +5,9 @@
     dependency      Admin Figs. 7/8: layer dependency beta_{i,j}, at init and per checkpoint
     early-training  T-Fixup Figs. 2, 3a/b: embedding gradients, Adam updates, LN-input norms
                     over the first K updates, with and without warmup
+    mode-gap        one checkpoint's loss on train and valid batches with dropout on and off:
+                    whether a run's train/valid gap is the model's mode or the data
+                    (`deepinit analyze mode-gap CHECKPOINT [BATCHES]`; JSON on stdout)
 
 Each takes configurations as `--config "norm=post init=admin"` (repeatable; a finished run
 folder also works), overrides shared by all of them as positional `key=value` arguments, and

@@ -27,6 +27,7 @@ from rich.table import Table
 from runner.analysis import common
 from runner.analysis.hooks import EncoderEmbeddingGrad, SublayerRecorder
 from runner.config import Config
+from runner.console import fmt
 from runner.run.build import build_run, check_config
 from runner.train.loop import Callback, StepOutput, Trainer
 
@@ -190,10 +191,6 @@ def arm_summary(arm: dict) -> dict:
     }
 
 
-def _e(value) -> str:
-    return "-" if value is None else f"{value:.2e}"
-
-
 def summary(result: dict):
     table = Table(title=f"first {result['updates']} updates (medians of |value|; LN norm of the "
                         "top decoder layer)", title_justify="left")
@@ -206,9 +203,9 @@ def summary(result: dict):
             s = arm_summary(entry["arms"][arm])
             entry["arms"][arm]["summary"] = s
             table.add_row(entry["label"], arm,
-                          f"{_e(s['grad_median_first'])} → {_e(s['grad_median_min'])} → "
-                          f"{_e(s['grad_median_last'])}",
-                          f"{_e(s['update_median_first'])} / {_e(s['update_median_max'])}",
+                          f"{fmt(s['grad_median_first'], '.2e')} → {fmt(s['grad_median_min'], '.2e')} → "
+                          f"{fmt(s['grad_median_last'], '.2e')}",
+                          f"{fmt(s['update_median_first'], '.2e')} / {fmt(s['update_median_max'], '.2e')}",
                           f"{s['ln_norm_first'][-1]:.2f} → {s['ln_norm_max'][-1]:.2f} → "
                           f"{s['ln_norm_last'][-1]:.2f}",
                           f"{s['loss_first']:.2f} → {s['loss_last']:.2f}")

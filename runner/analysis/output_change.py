@@ -10,7 +10,8 @@ too), and W* = W + delta where
           (the W_i of Theorem 2; delta independent of W; tensors with zero spread, i.e. the zero
           biases at init, are left alone), or
   adam:   delta = one update of the configured optimizer (fairseq Adam by default) at the peak
-          lr optim.lr on the training loss of x0, all trainable parameters (as training does).
+          lr optim.lr on the training loss of x0, all trainable parameters, taken by the train
+          loop's own update function (clipping, the loss scaler, the init scheme's hook).
 Models are in eval mode (no dropout) so the only difference between F and F* is W*-W.
 Averaged over seeds (each seed = a fresh init and a fresh random delta), then fitted against N
 and log N with R^2 (fits.py)."""
@@ -27,6 +28,7 @@ from rich.table import Table
 from runner import init as init_schemes
 from runner.analysis import common
 from runner.analysis.fits import fit_laws
+from runner.train.loop import loss_scaler, optimizer_update
 from runner.train.optim import build_optimizer, set_lr
 
 KINDS = ("random", "adam")
@@ -71,17 +73,17 @@ def perturb_branches(model, eps: float, generator: torch.Generator) -> int:
 
 
 def adam_step(model, cfg, batch, lr: float) -> float:
-    """One optimizer update on the loss of `batch`, exactly as Trainer takes it (clipping
-    included). Returns the loss before the update."""
+    """The first optimizer update on the loss of `batch`, through the train loop's own update
+    (runner/train/loop.py optimizer_update: the loss scaler, clipping, the optimizer step and the
+    init scheme's per-update hook), in fp32 on the CPU. Returns the loss before the update."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(model.parameters(), cfg, "cpu", init_schemes.param_groups(model, cfg))
     set_lr(optimizer, lr)
     loss = common.loss_of(model, cfg, batch)
     loss.backward()
-    if cfg.optim.clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    clip = cfg.optim.clip_norm if cfg.optim.clip_norm > 0 else float("inf")
+    optimizer_update(model, optimizer, params, clip, loss_scaler("fp32"), None,
+                     init_schemes.update_hook(cfg), 1)
     return float(loss.detach())
 
 

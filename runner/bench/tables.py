@@ -2,19 +2,17 @@
 (markdown_tables, for docs/performance.md)."""
 from __future__ import annotations
 
-import math
+from functools import partial
 from typing import Optional
 
 from rich.table import Table
 
 from runner.bench.compare import REFERENCE_TARGET
 from runner.bench.workers import eager_fallback
-from runner.console import console
+from runner.console import console, fmt
 from runner.run import hardware
 
-
-def _fmt(value, spec: str, missing: str = "-") -> str:
-    return missing if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+_fmt = partial(fmt, show_nan=False)  # a NaN (a probe that could not measure) reads "-", like a missing value
 
 
 def _pct(fraction: Optional[float]) -> str:

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as exc:
         # Ctrl-C where no verb handles it (a running job and a sweep do: they mark what they
         # stop), e.g. while torch and Hydra import: one line, not a traceback. SIGTERM arrives
-        # as a KeyboardInterrupt that carries its number (runner.sweep.cells.Interrupted).
+        # as a KeyboardInterrupt that carries its number (runner.run.attempt.Interrupted).
         sys.stderr.write("deepinit: interrupted\n")
         code = 128 + getattr(exc, "signum", signal.SIGINT)
     except Exception as exc:  # a bug (every user error is reported by its verb, exit 2)

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import torch
 from rich.console import Console
 
-from runner.analysis import DEFAULT_CONFIGS, common, dependency, early_training, grad_norms, output_change
+from runner.analysis import DEFAULT_CONFIGS, common, dependency, early_training, grad_norms, mode_gap, output_change
 from runner.cli.compose import compose
 from runner.config import ConfigError
 from runner.data.corpus import CorpusError
@@ -51,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, default=None, help="layers per stack (default: config)")
     p.add_argument("--seed", type=int, default=None, help="init seed (default trainer.seed)")
 
+    p = sub.add_parser("mode-gap", help="a checkpoint's train/valid loss with dropout on and off")
+    p.add_argument("checkpoint", type=Path, help="a checkpoint_*.pt of a run")
+    p.add_argument("batches", type=int, nargs="?", default=8,
+                   help="the first N batches of train and valid (default 8)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default outputs/analysis/mode-gap)")
+
     p = sub.add_parser("early-training", help="T-Fixup Figs. 2, 3a/b")
     common_args(p)
     p.add_argument("--updates", type=int, default=100, help="K: updates to follow")
@@ -70,8 +78,30 @@ def _settings(ns):
     return common.settings_from(configs, overrides, DEFAULT_CONFIGS[ns.what], compose)
 
 
+def _mode_gap(ns) -> int:
+    """The JSON on stdout (what `> FILE` keeps) and in OUT/mode_gap.json."""
+    if ns.batches < 1:
+        sys.stderr.write(f"deepinit: error: batches={ns.batches}: expected >= 1\n")
+        return 2
+    if not ns.checkpoint.is_file():
+        sys.stderr.write(f"deepinit: error: {ns.checkpoint}: no such checkpoint\n")
+        return 2
+    try:
+        result = mode_gap.run(ns.checkpoint, ns.batches)
+    except (ConfigError, CorpusError) as err:
+        sys.stderr.write(f"deepinit: error: {err}\n")
+        return 2
+    out = ns.out or Path("outputs") / "analysis" / ns.what
+    folder.write_json(out / "mode_gap.json", result, indent=1)
+    print(json.dumps(result, indent=1))
+    sys.stderr.write(f"wrote {out / 'mode_gap.json'}\n")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
+    if ns.what == "mode-gap":
+        return _mode_gap(ns)
     if ns.threads:
         torch.set_num_threads(ns.threads)
     console = Console()

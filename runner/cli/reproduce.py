@@ -7,11 +7,43 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from runner.sweep import cells
-from runner.tables import reproduce
+from runner.cli.compose import compose_run
+from runner.cli.train import method_groups_replaced
+from runner.config import Config, ConfigError
+from runner.console import log
+from runner.run import attempt
+from runner.tables import last_checkpoint, reproduce
 from runner.tables.all_schemes import ALL_SCHEMES
-from runner.tables.plan import Request
+from runner.tables.plan import Request, sweep_dir_for
 from runner.tables.targets import LAUNCHERS, REAL_SUITE_ORDER, SCALES, TARGETS
+
+
+def compose_cell(overrides: list[str]) -> Config:
+    """A suite cell's config, composed as `deepinit train` composes it (the cell then runs as
+    `python -m runner.run`); a method whose groups a preset or override replaced is named, as
+    `deepinit train` names it."""
+    cfg, choices, _ = compose_run(overrides)
+    line = method_groups_replaced(choices)
+    if line:
+        log.warning("%s: %s", " ".join(overrides), line)
+    return cfg
+
+
+def last_checkpoint_bleu(args) -> int:
+    """`deepinit reproduce TARGET --last-checkpoint-bleu [RUN_FOLDERS]` (runner/tables/last_checkpoint.py)."""
+    target = TARGETS.get(args.target)
+    if target is None or "real" not in target.parts or args.scale not in (None, "real") or args.overrides:
+        sys.stderr.write("deepinit reproduce: --last-checkpoint-bleu measures a target's real-tier cells: "
+                         "deepinit reproduce TARGET --last-checkpoint-bleu [RUN_FOLDERS], TARGET one with a "
+                         "real tier, no --scale but real, no overrides\n")
+        return 2
+    suite_dir = (sweep_dir_for(args.out.resolve(), target.name, "real")
+                 if args.last_checkpoint_bleu is True else args.last_checkpoint_bleu)
+    if not suite_dir.is_dir():
+        sys.stderr.write(f"deepinit reproduce: {suite_dir}: no such folder of run folders\n")
+        return 2
+    last_checkpoint.measure(target.name, suite_dir)
+    return 0
 
 
 def main(argv: Sequence[str]) -> int:
@@ -46,19 +78,29 @@ def main(argv: Sequence[str]) -> int:
                         f"in the order {', '.join(REAL_SUITE_ORDER)})")
     p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")
     p.add_argument("--no-eval", action="store_true", help="do not decode/score finished cells")
+    p.add_argument("--last-checkpoint-bleu", nargs="?", const=True, default=None, type=Path,
+                   metavar="RUN_FOLDERS",
+                   help="measure the BLEU of each real-tier cell's last checkpoint beside the average "
+                        "its record scores, on the suite's run folders (default <out>/TARGET-real), "
+                        "into results/TARGET/real/last-checkpoint-bleu.jsonl and .md (trains nothing)")
     p.add_argument("--table-only", action="store_true",
                    help="only (re)print the table: from the run folders, or at the real tier from the "
                         "records in results/ (trains nothing)")
     args = p.parse_intermixed_args(argv)
+    if args.last_checkpoint_bleu is not None:
+        return last_checkpoint_bleu(args)
     request = Request(target=args.target, overrides=tuple(args.overrides), scale=args.scale,
                       launcher=args.launcher, parallel=args.parallel, out=args.out,
                       suites=tuple(args.suites or ()), dry_run=args.dry_run, no_eval=args.no_eval,
                       table_only=args.table_only)
-    cells.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
+    attempt.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
     try:
-        return reproduce.run(request)
+        return reproduce.run(request, compose_cell)
+    except ConfigError as err:  # an override the cells cannot be composed with
+        sys.stderr.write(f"deepinit: error: {err}\n")
+        return 2
     except KeyboardInterrupt as exc:
-        signum = cells.signal_of(exc)
-        sys.stderr.write(f"deepinit: interrupted ({cells.signal_name(signum)}); the running cells "
+        signum = attempt.signal_of(exc)
+        sys.stderr.write(f"deepinit: interrupted ({attempt.signal_name(signum)}); the running cells "
                          "are marked interrupted and the same command resumes them\n")
         return 128 + signum

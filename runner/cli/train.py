@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import hydra
 import submitit
@@ -29,14 +29,15 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.cli.compose import compose_run, describe_error, register_schemas
-from runner.config import Config, ConfigError
+from runner.cli.compose import compose, describe_error, register_schemas
+from runner.config import ConfigError
 from runner.config.paths import config_dir
 from runner.data.corpus import CorpusError
-from runner.init import get_scheme
+from runner.run import attempt
+from runner.run.build import resolve_config
 from runner.run.folder import folder_name
+from runner.run.status import ACTIVE, FINISHED
 from runner.run.train import train
-from runner.sweep import cells
 from runner.sweep.status import exit_code, render, sweep_states
 
 # Hydra flags that take a value (the rest of its flags take none).
@@ -69,24 +70,6 @@ def with_output_dirs(args: list[str]) -> list[str]:
     if not multirun and "hydra.run.dir" not in given:
         extra.append(f"hydra.run.dir='outputs/runs/{folder_name(overrides, 'default')}'")
     return flags + overrides + extra
-
-
-def scheme_warmup(cfg: Config, choices, task_overrides: Sequence[str]) -> Optional[str]:
-    """An init scheme that trains without warmup (T-Fixup) gets its own warmup.updates when the
-    user set none: no `warmup=...` choice, no `warmup.*` override, and the default group's value
-    (a sweep preset that writes another value counts as explicit). Returns the log line, or None
-    when nothing changed."""
-    wanted = get_scheme(cfg.init.name).warmup_updates
-    if wanted is None or cfg.warmup.updates == wanted:
-        return None
-    default = OmegaConf.load(config_dir() / "warmup" / "default.yaml").updates
-    explicit = (choices.get("warmup", "default") != "default" or cfg.warmup.updates != default
-                or any(o.lstrip("+~").startswith("warmup") for o in task_overrides))
-    if explicit:
-        return None
-    cfg.warmup.updates = wanted
-    return (f"init={cfg.init.name} trains without warmup: warmup.updates={wanted} (set "
-            "warmup.updates=N to use one)")
 
 
 def method_group_options(defaults) -> dict[str, str]:
@@ -122,9 +105,10 @@ def method_groups_replaced(choices) -> Optional[str]:
 
 
 def cfg_print_note(args: list[str]) -> Optional[str]:
-    """`--cfg job|all` prints the config as composed, before run_task's scheme_warmup: a trailing
-    YAML comment says what the run would change (None when nothing, or for `-m`, `--package` and
-    another config name or folder, whose output is not the whole config of this app's run)."""
+    """`--cfg job|all` prints the config as composed, before the run fills in what it leaves to
+    the init scheme (warmup=auto; runner/run/build.py `resolve_config`): a trailing YAML comment
+    says what the run would change (None when nothing, or for `-m`, `--package` and another
+    config name or folder, whose output is not the whole config of this app's run)."""
     try:  # Hydra's own parser (private: a release that moves it only loses this note), so every
         # spelling it accepts (--cfg=job, -cjob) reads the same
         from hydra._internal.utils import get_args_parser  # noqa: PLC0415 (private: see above)
@@ -136,7 +120,7 @@ def cfg_print_note(args: list[str]) -> Optional[str]:
             or ns.config_name or ns.config_dir or ns.config_path):
         return None
     try:
-        note = scheme_warmup(*compose_run(ns.overrides))
+        note = resolve_config(compose(ns.overrides))
     except ConfigError:  # Hydra has printed the config; a note that cannot be worked out is left off
         return None
     return f"# when the run starts: {note}" if note else None
@@ -152,7 +136,7 @@ def run_task(cfg: DictConfig) -> None:
         # A multi-task SLURM cell (tasks_per_node=trainer.devices): each task is one DDP rank.
         submitit.helpers.TorchDistributedEnvironment().export()
     multirun = hc.mode.name == "MULTIRUN"
-    cells.begin_attempt(run_dir)  # a rerun cell reads as running, not as its last failure
+    attempt.begin_attempt(run_dir)  # a rerun cell reads as running, not as its last failure
     try:
         typed = OmegaConf.to_object(cfg)
         try:  # a note for the reader: it must never be what fails a run
@@ -162,41 +146,36 @@ def run_task(cfg: DictConfig) -> None:
             logging.getLogger("deepinit.file").debug("method check skipped: %s", exc)
         if replaced:
             logging.getLogger("deepinit").warning(replaced)
-        note = scheme_warmup(typed, hc.runtime.choices, hc.overrides.task)
-        if note:
-            logging.getLogger("deepinit").info(note)
-            # .hydra/config.yaml says what runs
-            OmegaConf.save(OmegaConf.structured(typed), run_dir / ".hydra" / "config.yaml")
-        train(typed, run_dir)
+        train(typed, run_dir)  # it fills in the warmup left to the init scheme, and says so
     except (ConfigError, CorpusError) as err:
         logging.getLogger("deepinit.file").error("config error: %s", err)
         if multirun:
             # A sweep cell whose values are rejected: recorded as failed with the reason (not
             # left looking pending in reports; failed cells run again next call), and the
             # sweep goes on.
-            cells.record_failure(run_dir, f"config: {err}")
+            attempt.record_failure(run_dir, f"config: {err}")
             sys.stderr.write(f"deepinit: error in {run_dir.name}: {err}\n")
             return
         # A user error: one line, exit 2, and nothing left in the run folder but train.log.
         _remove_hydra_files(run_dir)
         sys.stderr.write(f"deepinit: error: {err}\n")
         raise SystemExit(2)
-    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (cells.Interrupted, loop.Stopped)
-        name = cells.signal_name(cells.signal_of(exc))
-        cells.mark_interrupted(run_dir, name)
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (attempt.Interrupted, loop.Stopped)
+        name = attempt.signal_name(attempt.signal_of(exc))
+        attempt.mark_interrupted(run_dir, name)
         if not multirun:
             resume = bool(OmegaConf.select(cfg, "trainer.resume", default=True))
-            sys.stderr.write(f"deepinit: interrupted ({name}); {cells.resume_note(run_dir, resume)}\n")
+            sys.stderr.write(f"deepinit: interrupted ({name}); {attempt.resume_note(run_dir, resume)}\n")
         raise
     except submitit.core.utils.UncompletedJobError as exc:  # out of time and out of requeues
         logging.getLogger("deepinit.file").error("interrupted: %s", exc)
-        cells.mark_interrupted(run_dir, str(exc))
+        attempt.mark_interrupted(run_dir, str(exc))
         return None
     except Exception as exc:  # a crash: recorded as failed, the sweep goes on
         trace = traceback.format_exc()
         logging.getLogger("deepinit.file").error("run failed:\n%s", trace)
-        cells.record_failure(run_dir, f"{type(exc).__name__}: {exc}", trace)
-        where = run_dir / cells.ERROR_FILE
+        attempt.record_failure(run_dir, f"{type(exc).__name__}: {exc}", trace)
+        where = run_dir / attempt.ERROR_FILE
         if not multirun:
             sys.stderr.write(f"deepinit: run failed: {type(exc).__name__}: {exc} (traceback in {where})\n")
             raise SystemExit(1)
@@ -239,12 +218,12 @@ def sweep_summary(sweep_dir: Optional[Path], started: float, signum: Optional[in
     states = sweep_states(sweep_dir, include_other=False)
     render(states, sweep_dir, title=f"sweep {sweep_dir}")
     if signum:
-        sys.stderr.write(f"deepinit: stopped by {cells.signal_name(signum)}; run the same command "
+        sys.stderr.write(f"deepinit: stopped by {attempt.signal_name(signum)}; run the same command "
                          "again to resume the unfinished cells\n")
         return stopped
     code = exit_code(states, waited=waited)
     if code:
-        bad = [s for s in states if s.status not in cells.FINISHED + cells.ACTIVE]
+        bad = [s for s in states if s.status not in FINISHED + ACTIVE]
         sys.stderr.write(f"deepinit: {len(bad)} of {len(states)} cells did not finish (a failed "
                          f"cell's error.txt says why); the other cells' results are kept; run the "
                          "same command again to rerun only those\n")
@@ -283,7 +262,7 @@ def main(args: list[str]) -> int:
     multirun = "-m" in flags or "--multirun" in flags
     sweep_dir = sweep_dir_of(args) if multirun else None
     started = time.time()
-    cells.raise_on_sigterm()  # SIGTERM stops a run or a sweep like Ctrl-C does
+    attempt.raise_on_sigterm()  # SIGTERM stops a run or a sweep like Ctrl-C does
     # Hydra prints its errors itself, several lines each (a traceback for some), unless
     # HYDRA_FULL_ERROR is set: then they reach this function, which words them in one line. A
     # user who set HYDRA_FULL_ERROR=1 gets Hydra's full traceback, as Hydra documents.
@@ -293,11 +272,11 @@ def main(args: list[str]) -> int:
         # config_path is resolved at call time so editable installs and wheels both work.
         hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")(run_task)()
     except KeyboardInterrupt as exc:
-        signum = cells.signal_of(exc)
+        signum = attempt.signal_of(exc)
         if multirun:
             return sweep_summary(sweep_dir, started, signum)
         if not _task_started:
-            sys.stderr.write(f"deepinit: interrupted ({cells.signal_name(signum)})\n")
+            sys.stderr.write(f"deepinit: interrupted ({attempt.signal_name(signum)})\n")
         return 128 + signum
     except SystemExit as exit_:
         # Hydra reports composition errors (unknown key, wrong type) and exits 1 before any

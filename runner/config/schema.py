@@ -178,7 +178,9 @@ class ScheduleConfig:
 class WarmupConfig:
     """Linear warmup from init_lr to optim.lr over `updates` updates; 0 = no warmup."""
 
-    updates: int = 4000
+    # None (warmup=auto, conf/train.yaml's default): the init scheme's warmup, filled in before
+    # the run is checked (runner/config/resolve.py)
+    updates: Optional[int] = 4000
     init_lr: float = 0.0  # fairseq --warmup-init-lr (0 when unset)
 
 

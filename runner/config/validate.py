@@ -106,8 +106,9 @@ def validate(cfg: Any) -> None:
                 "trainer.eval_average_last", "trainer.eval_max_len_a", "trainer.eval_lenpen",
                 "trainer.telemetry_interval", "trainer.early_stop.window",
                 "trainer.early_stop.min_updates"):
-        if _get(cfg, key) < 0:
-            raise ConfigError(f"{key}={_get(cfg, key)}: expected a value >= 0")
+        value = _get(cfg, key)
+        if value is not None and value < 0:  # warmup.updates None: left to the init scheme (resolve.py)
+            raise ConfigError(f"{key}={value}: expected a value >= 0")
     if trainer.save_interval % trainer.log_interval:
         raise ConfigError(
             f"trainer.save_interval={trainer.save_interval} must be a multiple of "
@@ -120,12 +121,13 @@ def validate(cfg: Any) -> None:
             "linear schedule's lr negative)")
     if cfg.schedule.min_lr > optim.lr:
         raise ConfigError(f"schedule.min_lr={cfg.schedule.min_lr}: expected <= optim.lr={optim.lr}")
-    if cfg.schedule.name == "cosine" and cfg.warmup.updates >= trainer.max_updates:
+    if (cfg.schedule.name == "cosine" and cfg.warmup.updates is not None
+            and cfg.warmup.updates >= trainer.max_updates):
         raise ConfigError(f"schedule=cosine decays after the warmup: warmup.updates={cfg.warmup.updates} "
                           f"must be shorter than trainer.max_updates={trainer.max_updates}")
     if cfg.schedule.decay_period <= 0:
         raise ConfigError(f"schedule.decay_period={cfg.schedule.decay_period}: expected > 0")
-    if cfg.warmup.updates > trainer.max_updates:
+    if cfg.warmup.updates is not None and cfg.warmup.updates > trainer.max_updates:
         raise ConfigError(
             f"warmup.updates={cfg.warmup.updates} is longer than trainer.max_updates="
             f"{trainer.max_updates}: shorten the warmup or train longer")
@@ -225,8 +227,9 @@ def _check_new_norms(cfg: Any) -> None:
     if norm.dyt_alpha <= 0:
         raise ConfigError(f"norm.dyt_alpha={norm.dyt_alpha}: expected > 0 (the paper uses 0.5)")
     for key in ("norm.resi_dual_scale", "norm.resi_dual_alpha"):
-        if _get(cfg, key) < 0:
-            raise ConfigError(f"{key}={_get(cfg, key)}: expected a value >= 0")
+        value = _get(cfg, key)
+        if value is not None and value < 0:  # warmup.updates None: left to the init scheme (resolve.py)
+            raise ConfigError(f"{key}={value}: expected a value >= 0")
     stacks = (norm.encoder_placement or norm.placement, norm.decoder_placement or norm.placement)
     if "resi_dual" in stacks and norm.final_norm is False:
         raise ConfigError("norm=resi_dual outputs alpha * x_N + LN(d_N) and needs its final norm: "

@@ -83,8 +83,9 @@ class InitScheme:
     # one stack of self-attention and FFN branches (runner/model/lm.py).
     tasks: ClassVar[tuple[str, ...]] = ("translation",)
     task_hint: ClassVar[str] = ""  # why the scheme has no rule for the other tasks, for the error line
-    # The warmup the scheme is meant to train with, applied by `deepinit train` when the user
-    # sets none explicitly; None = no opinion (the config's warmup stands).
+    # The warmup the scheme is meant to train with, applied when the config leaves the warmup to
+    # the scheme (warmup=auto, the default: runner/config/resolve.py); None = no opinion
+    # (warmup=default's updates).
     warmup_updates: ClassVar[Optional[int]] = None
 
     def requirements(self, cfg) -> list[str]:

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from runner import init as init_schemes
-from runner.config import Config, ConfigError, validate
+from runner.config import Config, ConfigError, is_resolved, resolve_warmup, validate
 from runner.console import log
 from runner.data import build_data, build_lm_data
 from runner.data import lm as lm_data
@@ -27,9 +27,23 @@ from runner.model.seq2seq import Seq2Seq, build_model
 from runner.train.optim import build_optimizer
 
 
+def resolve_config(cfg: Config) -> Optional[str]:
+    """Fill in (in place) what the config leaves to the run: warmup=auto's warmup.updates, the
+    init scheme's warmup (runner/config/resolve.py). Returns the line saying what the scheme
+    chose, or None when nothing was left or the default applied."""
+    if is_resolved(cfg):
+        return None
+    return resolve_warmup(cfg, init_schemes.get_scheme(cfg.init.name).warmup_updates)
+
+
 def check_config(cfg: Config) -> None:
     """Every rule a config must satisfy before data loads: the field rules and the init
-    scheme's requirements (both stacks' norm placements included)."""
+    scheme's requirements (both stacks' norm placements included). What the config leaves to
+    the run is filled in first (`resolve_config`; the line saying what the scheme chose is
+    logged)."""
+    note = resolve_config(cfg)
+    if note:
+        log.info(note)
     validate(cfg)
     init_schemes.check_requirements(cfg)
 

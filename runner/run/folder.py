@@ -7,6 +7,7 @@
     metrics.jsonl      one JSON record per log window and per validation (`MetricsLog`)
     checkpoint_*.pt    atomic, self-describing checkpoints (`save_checkpoint`, `load_checkpoint`)
     result.json        written last: a run whose result says ok or diverged is finished
+                       (runner/run/status.py: the statuses and what they mean)
 
 Every JSON file is written atomically (a temporary file, then a rename), so a killed run never
 leaves a torn file. Checkpoints are loaded with weights_only=True: opening a checkpoint someone
@@ -30,10 +31,12 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from runner import __version__
 from runner.console import log
 from runner.files import atomic_open, atomic_path, atomic_write_text, remove_stale
+from runner.run.status import is_finished_result
 
 LAST = "checkpoint_last.pt"
 NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
@@ -215,9 +218,6 @@ def folder_name(overrides: Sequence[str], default: str, cell: bool = False) -> s
 
 
 # ----------------------------------------------------------------------------- JSON files
-FINISHED = ("ok", "diverged")  # a run with this result.json status is not trained again
-
-
 def _jsonable(obj):
     if isinstance(obj, (np.floating, np.integer)):
         return obj.item()
@@ -241,6 +241,18 @@ def read_json(path: Path) -> Optional[Any]:
         return None
 
 
+def write_config(run_dir: Path, cfg: Any, overrides: Optional[Sequence[str]] = None) -> None:
+    """.hydra/config.yaml: the run's typed Config, as Hydra writes the composed one; with
+    `overrides`, also .hydra/overrides.yaml (the overrides that name the run, as Hydra records a
+    run's task overrides), for a run folder prepared without Hydra (`python -m runner.run`)."""
+    hydra_dir = Path(run_dir) / ".hydra"
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(hydra_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    if overrides is not None:
+        listed = OmegaConf.to_yaml(OmegaConf.create([str(o) for o in overrides]))
+        atomic_write_text(hydra_dir / "overrides.yaml", listed)
+
+
 def read_result(run_dir: Path) -> Optional[dict]:
     return read_json(Path(run_dir) / "result.json")
 
@@ -249,20 +261,10 @@ def write_result(run_dir: Path, result: dict) -> None:
     write_json(Path(run_dir) / "result.json", result)
 
 
-def run_status(result: Optional[dict]) -> Optional[str]:
-    """A run's status in the words every report uses (the run summary, `deepinit -m`'s table,
-    `deepinit sweep status`, `deepinit report`): result.json's status, except that a run that
-    finished ok but never beat the unigram model (result.json "stalled": true) is "stalled"."""
-    if not result:
-        return None
-    status = result.get("status")
-    return "stalled" if status == "ok" and result.get("stalled") else status
-
-
 def is_finished(run_dir: Path) -> Optional[dict]:
-    """The result of a finished run (status ok or diverged), else None."""
+    """The result of a finished run (runner/run/status.py `is_finished_result`), else None."""
     result = read_result(run_dir)
-    return result if result and result.get("status") in FINISHED else None
+    return result if is_finished_result(result) else None
 
 
 # ----------------------------------------------------------------------------- metrics

@@ -35,6 +35,7 @@ from runner.config.schema import TensorBoardLoggerConfig
 from runner.console import log
 from runner.files import atomic_open, atomic_write_text
 from runner.run.folder import read_metrics, scalars, write_result
+from runner.run.status import FAILED, INTERRUPTED
 
 NAMES = ("tensorboard", "csv", "mlflow", "wandb")
 STATE = "loggers.json"  # the run folder's record of tracker run ids (resume continues them)
@@ -406,7 +407,7 @@ class MlflowLogger(Logger):
 
     def close(self, status: str) -> None:
         self.client.set_terminated(
-            self.run_id, {"failed": "FAILED", "interrupted": "KILLED"}.get(status, "FINISHED"))
+            self.run_id, {FAILED: "FAILED", INTERRUPTED: "KILLED"}.get(status, "FINISHED"))
 
 
 # ----------------------------------------------------------------------------- wandb
@@ -444,4 +445,4 @@ class WandbLogger(Logger):
                                  if _is_number(v) or isinstance(v, (str, bool))})
 
     def close(self, status: str) -> None:
-        self.run.finish(exit_code=1 if status in ("failed", "interrupted") else 0)
+        self.run.finish(exit_code=1 if status in (FAILED, INTERRUPTED) else 0)

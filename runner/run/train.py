@@ -23,12 +23,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from runner.config import Config, ConfigError, config_from_dict
+from runner.config import Config, ConfigError, config_from_dict, is_resolved
 from runner.console import Overview, console, file_log, log, overview_text, print_summary, progress_lines
 from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import final_scores, split_bleu
 from runner.run.sample import save_vocab
+from runner.run.status import OK, run_status
 from runner.run.telemetry import Telemetry
 from runner.train.lm_loop import LMTrainer
 from runner.train.loop import Callback, Outcome, Stopped, Trainer
@@ -64,20 +65,21 @@ class CheckpointCallback(Callback):
         folder.save_checkpoint_file(trainer.state_dict(), self.run_dir / "checkpoint_best.pt")
 
 
-class ValidBleu(Callback):
-    """Tokenized BLEU of the valid split at every validation (trainer.valid_bleu, or
-    best_checkpoint_metric=bleu). Every rank decodes the whole split: the same score, no
-    communication."""
+class ValidBleu:
+    """The trainer's valid_bleu scorer: tokenized BLEU of the valid split at every validation
+    (trainer.valid_bleu, or best_checkpoint_metric=bleu), the Validation's `bleu`. Every rank
+    decodes the whole split: the same score, no communication."""
 
     def __init__(self, parts: RunParts):
         self.parts = parts
 
-    def on_validate(self, trainer: Trainer, record: dict) -> None:
+    def __call__(self, trainer: Trainer) -> float:
         p, cfg = self.parts, self.parts.cfg
-        record["bleu"] = split_bleu(
+        bleu = split_bleu(
             p.model, p.valid_split, p.data.references[cfg.data.valid_split], p.data.tgt_dict,
             p.data.bpe_symbol, cfg.trainer, cfg.data.max_tokens, p.device)
         p.model.train()
+        return bleu
 
 
 # ----------------------------------------------------------------------------- stopping
@@ -174,7 +176,7 @@ def result_record(parts: RunParts, trainer: Trainer, outcome: Outcome, resumed: 
     s, t = trainer.state, parts.cfg.trainer
     valid = s.last_valid or {}
     stall_line = parts.valid_unigram_nll - t.divergence.stall_margin
-    stalled = (outcome.status == "ok" and s.best_valid_nll is not None
+    stalled = (outcome.status == OK and s.best_valid_nll is not None
                and s.best_valid_nll > stall_line)
     if stalled:
         log.warning("stalled: best valid NLL %.3f is not below the unigram NLL %.3f minus %.2f",
@@ -208,12 +210,15 @@ def train(cfg, run_dir: Path) -> dict:
     """Validate, then train (or skip a finished run), and write result.json last."""
     if not isinstance(cfg, Config):
         cfg = config_from_dict(cfg)
-    check_config(cfg)
+    resolving = not is_resolved(cfg)
+    check_config(cfg)  # fills in what the config left to the run (warmup=auto), then checks it
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resolving and (run_dir / ".hydra" / "config.yaml").exists():
+        folder.write_config(run_dir, cfg)  # .hydra/config.yaml says what runs
     previous = folder.is_finished(run_dir)
     if cfg.trainer.resume and previous:
-        status = folder.run_status(previous)
+        status = run_status(previous)
         log.info("run already finished (%s): %s", status, run_dir / "result.json")
         print_summary(previous, str(run_dir), status, loggers.record_finished(cfg, run_dir, previous))
         return previous
@@ -226,8 +231,8 @@ def train(cfg, run_dir: Path) -> dict:
     parts = build_run(cfg, initialize=not resume)
     main = parts.rank == 0
     callbacks: list[Callback] = []
-    if cfg.trainer.valid_bleu or cfg.trainer.best_checkpoint_metric == "bleu":
-        callbacks.append(ValidBleu(parts))
+    valid_bleu = (ValidBleu(parts) if cfg.trainer.valid_bleu or cfg.trainer.best_checkpoint_metric == "bleu"
+                  else None)
     if main:
         callbacks.append(CheckpointCallback(run_dir, cfg.trainer.keep_checkpoints))
     telemetry = None
@@ -235,7 +240,7 @@ def train(cfg, run_dir: Path) -> dict:
         telemetry = Telemetry(parts.model, cfg.trainer.telemetry_interval, parts.pad,
                               fp16=parts.precision == "fp16")
         callbacks.append(telemetry)
-    trainer = (LMTrainer if cfg.task == "lm" else Trainer)(parts, callbacks)
+    trainer = (LMTrainer if cfg.task == "lm" else Trainer)(parts, callbacks, valid_bleu=valid_bleu)
     if resume:
         trainer.load_state_dict(folder.load_checkpoint(last, map_location=parts.device))
         log.info("resumed from %s at update %d", last, trainer.state.step)
@@ -277,7 +282,7 @@ def train(cfg, run_dir: Path) -> dict:
     if telemetry is not None:  # where the first nan/inf appeared (docs/training.md "Telemetry")
         result["first_nonfinite"] = telemetry.first_nonfinite()
         telemetry.remove()
-    if main and cfg.trainer.final_bleu and result["status"] == "ok":
+    if main and cfg.trainer.final_bleu and result["status"] == OK:
         try:
             with progress_lines(log.info):  # no bar on a pipe or in a sweep: log lines instead
                 result.update(final_scores(cfg, run_dir, parts.device))
@@ -294,7 +299,7 @@ def train(cfg, run_dir: Path) -> dict:
         folder.write_result(run_dir, result)
         metrics.log_result(result)
         metrics.close(result["status"])
-        print_summary(result, str(run_dir), folder.run_status(result), end_notes(parts, run_dir, result))
+        print_summary(result, str(run_dir), run_status(result), end_notes(parts, run_dir, result))
     if parts.world > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -340,7 +345,7 @@ def end_notes(parts: RunParts, run_dir: Path, result: dict) -> list[str]:
         return ([f"bits per character: {result['valid_bpc']:.3f} (best {result['best_valid_bpc']:.3f}); "
                  f"sample from it with: deepinit sample {run_dir}"]
                 if result.get("valid_bpc") is not None else [])
-    if (result.get("bleu") is None and result["status"] == "ok"
+    if (result.get("bleu") is None and result["status"] == OK
             and cfg.data.test_split in parts.data.splits):
         why = ("it failed, see train.log" if result.get("bleu_error") else
                "trainer.final_bleu=false")

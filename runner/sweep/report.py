@@ -26,17 +26,27 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from runner.console import fmt, format_duration
 from runner.run import folder
-from runner.sweep.cells import INTERRUPTED_FILE
+from runner.run.attempt import INTERRUPTED_FILE
+from runner.run.status import (
+    ENDED,
+    FAILED,
+    INTERRUPTED,
+    OK,
+    PENDING,
+    RUNNING,
+    STALLED,
+    STATUSES,
+    STYLE,
+    UNFINISHED,
+    UNTRAINED,
+    ended_status,
+)
 from runner.sweep.plan import parse_overrides
 
-# stalled: finished without diverging but never better than the target unigram (result.json
-# "stalled", docs/training.md); a failure to train, shown like a divergence.
-# interrupted: started, stopped before result.json (interrupted.json, runner/sweep/cells.py); a
-# rerun resumes it. running/interrupted/pending are unfinished.
-STATUSES = ("ok", "diverged", "stalled", "failed", "interrupted", "running", "pending")
-UNFINISHED = ("interrupted", "running", "pending")
-NOT_TRAINED = ("diverged", "stalled", "failed")
+# Statuses: runner/run/status.py. A report reads folders only, so a cell is never "queued" here;
+# stalled and failed cells are shown like divergences (UNTRAINED).
 # metric name -> True when larger is better
 METRICS = {"best_valid_loss": False, "valid_loss": False, "train_loss": False, "bleu": True}
 
@@ -84,7 +94,7 @@ class Sweep:
         out = {s: 0 for s in STATUSES}
         for c in self.cells:
             out[c.status] += 1
-        out["done"] = out["ok"] + out["diverged"] + out["stalled"] + out["failed"]
+        out["done"] = sum(out[s] for s in ENDED)
         out["total"] = len(self.cells)
         return out
 
@@ -139,11 +149,9 @@ def read_cell(run_dir: Path) -> Cell:
         overrides = list(result["overrides"])
     curve, last = _read_metrics(run_dir)
     if result:
-        status = folder.run_status(result)
+        status = ended_status(result)
     else:
-        status = "interrupted" if (run_dir / INTERRUPTED_FILE).exists() else "running"
-    if status not in STATUSES:
-        status = "failed"
+        status = INTERRUPTED if (run_dir / INTERRUPTED_FILE).exists() else RUNNING
     return Cell(path=run_dir, overrides=[o for o in overrides if _is_task_override(o)],
                 status=status, config=config, choices=choices, result=result,
                 valid_curve=sorted(curve), last_step=last)
@@ -232,7 +240,7 @@ def load_sweep(root: Path | str, scientific: Optional[Sequence[str]] = None,
         for combo in expected_cells(root / "multirun.yaml"):
             want = frozenset(o for o in combo if _is_task_override(o))
             if not any(want <= s for s in seen):
-                cells.append(Cell(path=None, overrides=sorted(want), status="pending"))
+                cells.append(Cell(path=None, overrides=sorted(want), status=PENDING))
     name, sci_decl, nui_decl = _declared_axes(cells, multirun)
     if scientific is not None:
         sci_decl = list(scientific)
@@ -301,7 +309,7 @@ def isolation_rows(sweep: Sweep, metric: str = "best_valid_loss") -> list[dict]:
         members = groups[key]
         best: Optional[Cell] = None
         for c in members:
-            if c.status == "ok" and _metric_better(metric, c.value(metric),
+            if c.status == OK and _metric_better(metric, c.value(metric),
                                                    best.value(metric) if best else None):
                 best = c
         counts = {s: sum(c.status == s for c in members) for s in STATUSES}
@@ -314,19 +322,6 @@ def isolation_rows(sweep: Sweep, metric: str = "best_valid_loss") -> list[dict]:
             "cells": len(members),
         })
     return rows
-
-
-def _fmt(v: Optional[float], digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.{digits}f}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
-
-
-def _fmt_wall(s: Optional[float]) -> str:
-    if s is None:
-        return "-"
-    s = float(s)
-    return f"{s:.0f}s" if s < 120 else (f"{s / 60:.1f}m" if s < 7200 else f"{s / 3600:.1f}h")
 
 
 def cell_label(cell: Cell, axes: Sequence[str]) -> str:
@@ -387,8 +382,9 @@ def _cells_table(sweep: Sweep) -> tuple[list[str], list[list[str]]]:
     body = []
     for r in table_rows(sweep):
         body.append([r.get(a, r["overrides"]) if sweep.axes else r["overrides"] for a in axes] + [
-            r["status"], _fmt(r["best_valid_loss"]), _fmt(r["bleu"], 2),
-            "-" if r["updates"] is None else str(r["updates"]), _fmt_wall(r["wall_s"])])
+            r["status"], fmt(r["best_valid_loss"], ".3f", small=1e-3), fmt(r["bleu"], ".2f", small=1e-3),
+            "-" if r["updates"] is None else str(r["updates"]),
+            "-" if r["wall_s"] is None else format_duration(r["wall_s"], short=True)])
     return header, body
 
 
@@ -415,7 +411,7 @@ def _isolation_table(sweep: Sweep, metric: str) -> tuple[list[str], list[list[st
         c = row["counts"]
         sci = [row["scientific"][a] for a in sweep.scientific] or ["-"]
         nui = [row["best_nuisance"].get(a, "-") for a in sweep.nuisance]
-        body.append(sci + [_fmt(row["metric"], 2 if metric == "bleu" else 3)] + nui +
+        body.append(sci + [fmt(row["metric"], ".2f" if metric == "bleu" else ".3f", small=1e-3)] + nui +
                     [f"{c['ok']}/{c['diverged']}/{c['stalled']}/{c['failed']}/"
                      f"{sum(c[s] for s in UNFINISHED)}"])
     return header, body
@@ -435,8 +431,6 @@ def render_markdown(sweep: Sweep, metric: str, images: Sequence[Path]) -> str:
 
 
 def print_rich(sweep: Sweep, metric: str) -> None:
-    style = {"ok": "green", "diverged": "red", "stalled": "magenta", "failed": "bold red", "running": "yellow",
-             "interrupted": "bold yellow", "pending": "dim"}
     console = Console()
     header, body = _cells_table(sweep)
     t = Table(title=f"{sweep.name or sweep.root.name}: {_counts_line(sweep)}")
@@ -446,7 +440,7 @@ def print_rich(sweep: Sweep, metric: str) -> None:
     status_col = header.index("status")
     for r in body:
         r = list(r)
-        r[status_col] = f"[{style.get(r[status_col], '')}]{r[status_col]}[/]"
+        r[status_col] = f"[{STYLE.get(r[status_col], '')}]{r[status_col]}[/]"
         t.add_row(*r)
     console.print(t)
     header, body = _isolation_table(sweep, metric)
@@ -498,11 +492,11 @@ def plot_heatmaps(sweep: Sweep, metric: str, out_dir: Path) -> list[Path]:
         text = [["" for _ in xs] for _ in ys]
         for c in members:
             i, j = ys.index(axis_value(c, ya)), xs.index(axis_value(c, xa))
-            if c.status in NOT_TRAINED:
-                text[i][j] = "stalled" if c.status == "stalled" else "failed"
-            elif c.status == "ok" and c.value(metric) is not None:
+            if c.status in UNTRAINED:
+                text[i][j] = STALLED if c.status == STALLED else FAILED
+            elif c.status == OK and c.value(metric) is not None:
                 grid[i, j] = c.value(metric)
-                text[i][j] = _fmt(c.value(metric), 2)
+                text[i][j] = fmt(c.value(metric), ".2f", small=1e-3)
             else:
                 text[i][j] = c.status
         fig, ax = plt.subplots(figsize=(1.3 * len(xs) + 2.5, 0.8 * len(ys) + 1.8))
@@ -553,7 +547,7 @@ def plot_curves(sweep: Sweep, out_dir: Path) -> list[Path]:
             steps, losses = zip(*c.valid_curve)
             label = cell_label(c, sweep.nuisance) if sweep.nuisance and key else \
                 cell_label(c, sweep.axes)
-            ls = "--" if c.status in NOT_TRAINED else "-"
+            ls = "--" if c.status in UNTRAINED else "-"
             ax.plot(steps, losses, ls, marker=".", label=f"{label} ({c.status})")
         ax.set_xlabel("update")
         ax.set_ylabel("valid loss")
@@ -586,5 +580,5 @@ def write_report(sweep: Sweep, metric: str = "best_valid_loss", out_dir: Optiona
 
 
 def default_metric(sweep: Sweep) -> str:
-    ok = [c for c in sweep.cells if c.status == "ok"]
+    ok = [c for c in sweep.cells if c.status == OK]
     return "bleu" if ok and all(c.value("bleu") is not None for c in ok) else "best_valid_loss"

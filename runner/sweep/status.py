@@ -23,11 +23,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from runner.run import folder
+from runner.run.attempt import ERROR_FILE
+from runner.run.status import FAILED, FINISHED, INTERRUPTED, STATUSES, STYLE
 from runner.sweep import cells as cellfiles
 from runner.sweep.report import _is_task_override, _key, _load_yaml, expected_cells, find_run_dirs
-
-STYLE = {"ok": "green", "stalled": "magenta", "diverged": "red", "failed": "bold red",
-         "interrupted": "bold yellow", "running": "yellow", "queued": "cyan", "pending": "dim"}
 
 
 @dataclass
@@ -46,7 +45,7 @@ class CellState:
     def error_file(self) -> Optional[Path]:
         if self.path is None:
             return None
-        p = self.path / cellfiles.ERROR_FILE
+        p = self.path / ERROR_FILE
         return p if p.exists() else None
 
     def as_dict(self, root: Path) -> dict:
@@ -118,7 +117,7 @@ def _state(overrides: list[str], run_dir: Optional[Path], job: Optional[dict],
 
 
 def counts(states: Sequence[CellState]) -> dict[str, int]:
-    out = {s: 0 for s in cellfiles.STATUSES}
+    out = {s: 0 for s in STATUSES}
     for s in states:
         out[s.status] = out.get(s.status, 0) + 1
     return out
@@ -126,16 +125,16 @@ def counts(states: Sequence[CellState]) -> dict[str, int]:
 
 def counts_line(states: Sequence[CellState]) -> str:
     n = counts(states)
-    parts = [f"{n[s]} {s}" for s in cellfiles.STATUSES if n[s]]
+    parts = [f"{n[s]} {s}" for s in STATUSES if n[s]]
     return f"{len(states)} cells: " + (", ".join(parts) or "none")
 
 
 def exit_code(states: Sequence[CellState], waited: bool = True) -> int:
     """1 when a cell failed or was interrupted, or (waited) one is not finished; else 0."""
     expected = [s for s in states if s.expected]
-    if any(s.status in ("failed", "interrupted") for s in expected):
+    if any(s.status in (FAILED, INTERRUPTED) for s in expected):
         return 1
-    if waited and any(s.status not in cellfiles.FINISHED for s in expected):
+    if waited and any(s.status not in FINISHED for s in expected):
         return 1
     return 0
 
@@ -178,7 +177,7 @@ def render(states: Sequence[CellState], root: Path, title: str = "",
                   "-" if s.updates is None else str(s.updates),
                   *([s.job_id or "-"] if jobs else []), escape(note))
     console.print(t)
-    errors = [s.error_file for s in states if s.status == "failed" and s.error_file is not None]
+    errors = [s.error_file for s in states if s.status == FAILED and s.error_file is not None]
     for e in errors[:10]:
         console.print(f"[bold red]failed[/]: {escape(str(e))}", soft_wrap=True)
     if len(errors) > 10:

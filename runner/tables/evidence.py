@@ -111,16 +111,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 from scipy import optimize, stats
 
-from runner.tables.rulebook import CURRENT, NOT_TRAINED, RuleBook, rulebook
+from runner.console import fmt
+from runner.run.status import FAILED_TO_TRAIN, OK
+from runner.tables.rulebook import CURRENT, NOT_TRAINED, OUTCOMES, TRAINED, RuleBook, rulebook
 
-# a Record's status: "ok" (trained), a way of not training (rule book v2 adds collapsed and
-# below_bar; v1 records only diverged and stalled), or "failed" (a crash: not evidence)
-STATUSES = ("ok", "diverged", "collapsed", "stalled", "below_bar", "failed")
+# a Record's status: its outcome under the rule book, "ok" for trained: a way of not training
+# (rule book v2 adds collapsed and below_bar; v1 records only diverged and stalled), or "failed"
+# (a crash: not evidence)
+STATUSES = tuple(OK if o == TRAINED else o for o in OUTCOMES)
+# a difference, a mean of differences or an interval's end: signed, 2 decimals, e-notation below 0.01
+_signed = partial(fmt, spec="+.2f", small=0.01, small_spec="+.2e")
 KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "more_failed", "same_best")
 TWO_ARM_KINDS = ("better", "more_diverged", "more_failed")
 METRIC_KINDS = ("better", "same_best")  # the kinds that compare `metric`
@@ -463,10 +469,6 @@ def _label(selector: Mapping[str, Selected]) -> str:
                     for k, v in selector.items()) or "all"
 
 
-def _fmt(x: float) -> str:
-    return f"{x:+.2f}" if x == 0 or abs(x) >= 0.01 else f"{x:+.2e}"
-
-
 def _unit(records: Sequence[Record]) -> str:
     # "seeds" when the selector picks one arm, "cells" when it spans several (grids).
     arms = {tuple(sorted(r.arm.items())) for r in records}
@@ -579,7 +581,7 @@ def _judge_fails_to_train(claim: Claim, a: Sequence[Record], book: RuleBook) -> 
 def _bad_statuses(book: RuleBook) -> tuple[str, ...]:
     """What does not count as trained in a comparison: v1 diverged or stalled; v2 every way of not
     training (collapsed and below the BLEU bar too)."""
-    return NOT_TRAINED if book.version >= 2 else ("diverged", "stalled")
+    return NOT_TRAINED if book.version >= 2 else FAILED_TO_TRAIN
 
 
 def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
@@ -609,7 +611,7 @@ def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
 
 
 def _seed_pairs(diffs: Sequence[tuple[int, float]]) -> str:
-    return ", ".join(f"seed {seed} {_fmt(d)}" for seed, d in diffs)
+    return ", ".join(f"seed {seed} {_signed(d)}" for seed, d in diffs)
 
 
 def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook) -> Verdict:
@@ -657,7 +659,7 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
         mean = float(np.mean(values))
         details.update({"mean_diff": mean, "ci_low": lo, "ci_high": hi, "pairs_favouring_a": favour})
         verdict = "reproduced" if lo > 0 else "not reproduced" if hi < 0 else "inconclusive"
-        measured = (f"{head} {claim.metric} {_fmt(mean)} [95% bootstrap {_fmt(lo)}, {_fmt(hi)}] over "
+        measured = (f"{head} {claim.metric} {_signed(mean)} [95% bootstrap {_signed(lo)}, {_signed(hi)}] over "
                     f"{len(values)} paired seeds{lower}; {favour} of {len(values)} favour {la}{suffix}")
         return Verdict(claim, verdict, measured, details)
 
@@ -669,15 +671,15 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
                     "pairs_favouring_a": favour, "diffs": {str(seed): d for seed, d in diffs}})
     mde = min_detectable_effect(s.std, s.n, book.alpha, book.power) if s.std > 0 else 0.0
     details["mde"] = mde
-    power_words = f"detectable at {book.power:.0%} power: {_fmt(mde).lstrip('+')}"
+    power_words = f"detectable at {book.power:.0%} power: {_signed(mde).lstrip('+')}"
     if claim.paper_effect is not None:
         needed = pairs_needed(s.std, claim.paper_effect, book.alpha, book.power) if s.std > 0 else s.n
         details.update({"paper_effect": claim.paper_effect, "pairs_needed": needed})
-        power_words += (f"; paper's effect {_fmt(claim.paper_effect).lstrip('+')} needs "
+        power_words += (f"; paper's effect {_signed(claim.paper_effect).lstrip('+')} needs "
                         + (f"{needed} seeds" if needed is not None else "more than 200 seeds"))
     # the verdict before the family's Holm correction (judge_all finishes it)
     verdict = _better_verdict(details, p, book)
-    measured = (f"{head} {claim.metric} {_fmt(s.mean)} [95% paired t {_fmt(s.ci_low)}, {_fmt(s.ci_high)}] "
+    measured = (f"{head} {claim.metric} {_signed(s.mean)} [95% paired t {_signed(s.ci_low)}, {_signed(s.ci_high)}] "
                 f"over {s.n} paired seeds{lower} ({_seed_pairs(diffs)}); one-sided p={p:.3g}; "
                 f"{power_words}{suffix}")
     return Verdict(claim, verdict, measured, details)

@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from runner.files import atomic_path
+from runner.run.status import FAILED_TO_TRAIN
 from runner.sweep.plan import load_preset, norm_key
 from runner.tables.evidence import claim_from_dict, numeric_order, selector_matches
 from runner.tables.suite import SEED_AXIS, SuiteCell, finite_values
@@ -165,7 +166,7 @@ def transfer_panels(preset: str, cells: Sequence[SuiteCell]) -> dict[str, dict]:
                 ok = finite_values([cell.record for cell in at if cell.arm.get(over, "") == x], claim.metric)
                 seeds += [(x, v) for v in ok]
                 failed += [x for cell in at if cell.arm.get(over, "") == x
-                           and cell.record["status"] in ("diverged", "stalled")]
+                           and cell.record["status"] in FAILED_TO_TRAIN]
                 means.append(sum(ok) / len(ok) if ok else math.nan)
             lines[depth] = {"means": means, "seeds": seeds, "failed": failed}
         title = ", ".join(f"{k}={v}" for k, v in claim.a.items() if isinstance(v, str)) or claim.id

@@ -1,4 +1,5 @@
-"""A suite's cells trained on this machine: each one `deepinit train` process with one CPU thread,
+"""A suite's cells trained on this machine: each one process (`python -m runner.run RUN_DIR`, on the
+config `deepinit train` would compose) with one CPU thread,
 `parallel` of them side by side (on a GPU, they share it), a rich progress bar counting cells
 with an ETA, and each finished cell's record written at once."""
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Callable, Optional, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from runner.config import Config
 from runner.console import console, format_duration
+from runner.run.folder import write_config
 from runner.tables.records import Records, record_from_run
 from runner.tables.suite import SuiteCell, fmt_number, seed_major
 
@@ -42,27 +45,31 @@ class Job:
 
 
 def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int,
-              on_cell_done: Optional[Callable[[str], None]] = None) -> int:
+              on_cell_done: Optional[Callable[[str], None]] = None, *,
+              compose: Callable[[list[str]], Config]) -> int:
     """Train the cells without a record, `parallel` at a time, one thread each; write each
     finished cell's record at once. Returns the number of cells that crashed."""
-    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel, on_cell_done)
+    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel, on_cell_done, compose=compose)
 
 
 def run_jobs(jobs: Sequence[Job], parallel: int,
-             on_cell_done: Optional[Callable[[str], None]] = None) -> int:
+             on_cell_done: Optional[Callable[[str], None]] = None, *,
+             compose: Callable[[list[str]], Config]) -> int:
     """Train the jobs in order, `parallel` at a time, one thread each, writing each finished
     cell's record at once; a slot that frees takes the next job whatever its suite, so no core
     idles between suites. `on_cell_done(group)` runs after each job of the group has ended
     (recorded or crashed), so a suite's report can follow its records cell by cell.
-    Ctrl-C or SIGTERM stops the running cells (`stop_cells`) before it propagates. Returns the
-    number of cells that crashed."""
-    pool = _Pool(jobs, parallel, on_cell_done)
+    Ctrl-C or SIGTERM stops the running cells (`stop_cells`) before it propagates. Each cell is a
+    process of its own, `python -m runner.run RUN_DIR`, on the config `compose` makes of its
+    overrides (the CLI's composition: runner/cli/reproduce.py passes it). Returns the number of
+    cells that crashed."""
+    pool = _Pool(jobs, parallel, on_cell_done, compose)
     columns = (TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[now]}"))
     with Progress(*columns, console=console) as progress:
         try:
             return pool.run(progress)
-        except BaseException:  # Ctrl-C, SIGTERM (cells.Interrupted), an error: no orphan cells
+        except BaseException:  # Ctrl-C, SIGTERM (runner.run.attempt.Interrupted), an error: no orphan cells
             progress.stop()
             stop_cells([proc for _, proc, _ in pool.running])
             raise
@@ -93,7 +100,8 @@ class _Pool:
     """run_jobs' state: the queue and the running cells (job, process, log file)."""
 
     def __init__(self, jobs: Sequence[Job], parallel: int,
-                 on_cell_done: Optional[Callable[[str], None]]):
+                 on_cell_done: Optional[Callable[[str], None]], compose: Callable[[list[str]], Config]):
+        self.compose = compose
         self.queue = list(jobs)
         self.parallel = parallel
         self.on_cell_done = on_cell_done
@@ -106,9 +114,10 @@ class _Pool:
     def _start(self, job: Job) -> None:
         job.work.mkdir(parents=True, exist_ok=True)
         run_dir = job.work / job.cell.name
+        overrides = [*job.cell.overrides, "trainer.threads=1", "trainer.progress=false"]
+        write_config(run_dir, self.compose(overrides), overrides)  # what `deepinit train` would compose
         log = open(job.work / f"{job.cell.name}.out", "w")
-        cmd = [sys.executable, "-m", "runner.cli", "train", *job.cell.overrides, "trainer.threads=1",
-               "trainer.progress=false", f"hydra.run.dir='{run_dir}'"]
+        cmd = [sys.executable, "-m", "runner.run", str(run_dir)]
         self.running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                    env=self.env), log))
 

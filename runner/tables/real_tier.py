@@ -7,20 +7,25 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 
+from runner.config import Config
 from runner.console import format_duration
+from runner.run.status import OK
 from runner.sweep.plan import norm_key
 from runner.tables import pool, suite
 from runner.tables.all_schemes import feeds_all_schemes, refresh_all_schemes
 from runner.tables.plan import Request, cell_count, estimate_wall_s, gpu_visible, real_suite, sweep_dir_for
 from runner.tables.records import cell_key, results_root
 from runner.tables.report import write_report
+from runner.tables.rulebook import NOT_TRAINED
 from runner.tables.targets import REAL_SUITE_ORDER, SUITE_TIERS, TARGETS, Target
 
 
-def run_real(target: Target, request: Request, tier: str = "real") -> int:
+def run_real(target: Target, request: Request, tier: str = "real",
+             compose: Optional[Callable[[list[str]], Config]] = None) -> int:
     """SCALE=real or gpu: the target's Multi30k suite, cell by cell on this machine, with records
     in results/<target>/<tier>/ (runner/tables/suite.py)."""
     gpu = tier == "gpu"
@@ -67,7 +72,7 @@ def run_real(target: Target, request: Request, tier: str = "real") -> int:
         return path
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
-    crashed = 0 if request.table_only else pool.run_cells(cells, work, records, parallel, report)
+    crashed = 0 if request.table_only else pool.run_cells(cells, work, records, parallel, report, compose=compose)
     path = report()
     print()
     print(path.read_text())
@@ -77,7 +82,7 @@ def run_real(target: Target, request: Request, tier: str = "real") -> int:
     return 1 if crashed else 0
 
 
-def run_all_real(request: Request) -> int:
+def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Config]] = None) -> int:
     """Every real-tier suite's cells without a record (or those of `--suites`, in that order),
     `--parallel` at a time in one pool (a core freed at the end of one suite starts the next
     suite's first cell); a suite's report is rewritten after each of its cells, so the records
@@ -109,7 +114,7 @@ def run_all_real(request: Request) -> int:
             refresh_all_schemes()
         return path
 
-    crashed = 0 if request.table_only else pool.run_jobs(jobs, parallel, report)
+    crashed = 0 if request.table_only else pool.run_jobs(jobs, parallel, report, compose=compose)
     for name in plans:  # every report, finished or not, from the records as they are now
         print(f"{name}: report written to {report(name, with_all_schemes=False)}")
     if any(feeds_all_schemes(name) for name in plans):
@@ -139,7 +144,7 @@ def real_tier_status(parallel: int) -> list[dict]:
                      "cells": len(cells), "records": len(done),
                      # the rule book's outcomes ("ok": trained)
                      **{status: sum(suite.cell_outcome(r, decoded) == status for r in done)
-                        for status in ("ok", "diverged", "collapsed", "stalled", "below_bar")},
+                        for status in (OK, *NOT_TRAINED)},
                      "verdicts": verdict_counts,
                      "remaining_s": estimate_wall_s([minutes * 60] * todo, 1 if tier == "gpu" else parallel)
                      if minutes else None})

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 from runner.files import atomic_write_text
 from runner.run import folder
+from runner.run.status import FAILED, run_status
 
 RESULT_FIELDS = ("status", "reason", "diverged_step", "stalled", "updates", "epochs", "train_loss",
                  "valid_loss", "best_valid_loss", "best_valid_nll", "valid_unigram_nll", "bleu",
@@ -44,7 +45,8 @@ def cell_key(overrides: Sequence[str]) -> str:
 
 
 # Measured on a tier's run folders after training, one JSON line per cell keyed by the record's
-# overrides (results/last_checkpoint_bleu.py writes it): {"overrides", "seed", "bleu_last", ...}.
+# overrides (runner/tables/last_checkpoint.py writes it: deepinit reproduce TARGET --last-checkpoint-bleu):
+# {"overrides", "seed", "bleu_last", ...}.
 LAST_CHECKPOINT_FILE = "last-checkpoint-bleu.jsonl"
 
 
@@ -99,7 +101,7 @@ def record_from_run(run_dir: Path, overrides: Sequence[str], arm: dict[str, str]
     if not result:
         return None
     env = folder.read_json(Path(run_dir) / "env.json") or {}
-    status = folder.run_status(result) or "failed"
+    status = run_status(result) or FAILED
     curve = [(r["step"], r["loss"]) for r in folder.read_metrics(run_dir) if r.get("split") == "valid"]
     record: dict[str, Any] = {
         "overrides": sorted(overrides), "arm": dict(arm), "seed": int(seed),

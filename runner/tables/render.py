@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from runner.console import format_duration
-from runner.sweep.report import NOT_TRAINED, UNFINISHED, load_sweep, markdown_table, plot_heatmaps
+from runner.run.status import DIVERGED, ENDED, FAILED, FAILED_TO_TRAIN, STATUSES, UNFINISHED, UNTRAINED
+from runner.sweep.report import load_sweep, markdown_table, plot_heatmaps
 from runner.tables.plan import CellResult, Outcome
 from runner.tables.targets import (
     GRID_PAPER_DIVERGED,
@@ -24,7 +25,7 @@ from runner.tables.targets import (
 )
 
 # The grid compares with the paper's count of diverged runs: stalled cells are counted apart.
-DIVERGED_OR_CRASHED = ("diverged", "failed")
+DIVERGED_OR_CRASHED = (DIVERGED, FAILED)
 
 
 # ----------------------------------------------------------------------------- table entries, pattern checks
@@ -51,7 +52,7 @@ def fmt_ours(cells: Sequence[CellResult], scale: str) -> str:
     if not cells:
         return "not run"
     n = len(cells)
-    div = sum(c.status in ("diverged", "stalled") for c in cells)
+    div = sum(c.status in FAILED_TO_TRAIN for c in cells)
     crashed = sum(c.status == "failed" for c in cells)
     unfinished = sum(c.status in UNFINISHED for c in cells)
     ok = [c for c in cells if c.status == "ok"]
@@ -111,7 +112,7 @@ def _failed_all(cells: Sequence[CellResult]) -> Optional[bool]:
     """Every cell diverged or stalled (None when there are no cells or some are unfinished)."""
     if not cells or any(c.status in UNFINISHED for c in cells):
         return None
-    return all(c.status in NOT_TRAINED for c in cells)
+    return all(c.status in UNTRAINED for c in cells)
 
 
 def _trained(cells: Sequence[CellResult]) -> Optional[bool]:
@@ -138,8 +139,7 @@ def _all(values: Sequence[Optional[bool]]) -> Optional[bool]:
 
 
 def _status_line(all_cells: Sequence[CellResult]) -> str:
-    n = {s: sum(c.status == s for c in all_cells) for s in ("ok", "diverged", "stalled", "failed",
-                                                             *UNFINISHED)}
+    n = {s: sum(c.status == s for c in all_cells) for s in STATUSES}
     return (f"{len(all_cells)} cells: {n['ok']} ok, {n['diverged']} diverged, {n['stalled']} stalled, "
             f"{n['failed']} crashed, "
             f"{sum(n[s] for s in UNFINISHED)} unfinished")
@@ -254,7 +254,7 @@ def render_grid(o: Outcome) -> str:
         # At CPU scale Post-LN's failure is a stall at the unigram plateau rather than a
         # blow-up (docs/reproductions.md), so the paper's pattern is also checked on failures.
         ("Post-LN fails (diverges or stalls) in several cells (2 or more)",
-         _several(post, NOT_TRAINED)),
+         _several(post, UNTRAINED)),
         ("Pre-LN converges in every cell", _trained(pre)),
         ("Admin converges in every cell", _trained(_select(cells, method="admin"))),
     ]
@@ -346,7 +346,7 @@ def write_outputs(outcome: Outcome, metric: str, echo=print) -> Path:
     if outcome.target == "grid":
         try:
             sweep = load_sweep(sweep_dir)
-            if any(c.status in ("ok", *NOT_TRAINED) for c in sweep.cells):
+            if any(c.status in ENDED for c in sweep.cells):
                 plot_heatmaps(sweep, metric, sweep_dir)
         except Exception as exc:  # plots are extra; the table is the result
             echo(f"note: heatmaps not drawn ({type(exc).__name__}: {exc})")

@@ -26,7 +26,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Callable, Optional
 
+from runner.config import Config
 from runner.tables.all_schemes import (
     ALL_SCHEMES,
     ALL_SCHEMES_BASELINE,
@@ -42,8 +44,9 @@ from runner.tables.sweep_tier import run_sweeps
 from runner.tables.targets import SUITE_TIERS, TARGETS
 
 
-def run(request: Request) -> int:
-    """`deepinit reproduce` as `request` asks (runner/cli/reproduce.py builds it); the exit code."""
+def run(request: Request, compose: Optional[Callable[[list[str]], Config]] = None) -> int:
+    """`deepinit reproduce` as `request` asks, with the CLI's composition, which the real and gpu
+    tiers' cells are composed with (runner/cli/reproduce.py builds both); the exit code."""
     if request.target == "list":
         width = max(len(name) for name in (*TARGETS, ALL_SCHEMES))
         for t in TARGETS.values():
@@ -74,7 +77,7 @@ def run(request: Request) -> int:
         if request.scale not in (None, "real"):
             print("deepinit reproduce all: only --scale real (every real-tier suite)", file=sys.stderr)
             return 2
-        return run_all_real(request)
+        return run_all_real(request, compose)
     t0 = time.perf_counter()
     target = TARGETS[request.target]
     scale = request.scale or next(s for s in (("paper", "cpu", "real") if gpu_visible() else
@@ -84,5 +87,5 @@ def run(request: Request) -> int:
               f"{', '.join(target.parts)}", file=sys.stderr)
         return 2
     if scale in SUITE_TIERS:
-        return run_real(target, request, scale)
+        return run_real(target, request, scale, compose)
     return run_sweeps(target, scale, request, started=t0)

@@ -53,10 +53,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from runner.run.folder import run_status
+from runner.run.status import DIVERGED, FAILED, OK, STALLED, run_status
 
-OUTCOMES = ("trained", "diverged", "collapsed", "stalled", "below_bar", "failed")
-NOT_TRAINED = ("diverged", "collapsed", "stalled", "below_bar")
+# A cell's outcome: its run's status (runner/run/status.py) as this rule book reads it; "ok"
+# reads "trained", and v2 adds collapsed and below_bar.
+TRAINED, COLLAPSED, BELOW_BAR = "trained", "collapsed", "below_bar"
+OUTCOMES = (TRAINED, DIVERGED, COLLAPSED, STALLED, BELOW_BAR, FAILED)
+NOT_TRAINED = (DIVERGED, COLLAPSED, STALLED, BELOW_BAR)
 
 
 @dataclass(frozen=True)
@@ -120,21 +123,21 @@ def outcome(record: Mapping[str, Any], book: RuleBook, decoded: Optional[bool] =
     Under version 1 the outcome is the recorded status ("ok" reads "trained"; the claim's own
     BLEU bar applies later). `decoded`: whether the record's suite scores BLEU (None: whether this
     record has a BLEU field that is not None, or the run was not ok)."""
-    status = run_status(dict(record)) or "failed"
-    if status in ("failed", "diverged"):
+    status = run_status(dict(record)) or FAILED
+    if status in (FAILED, DIVERGED):
         return status
     if collapsed(record, book):
-        return "collapsed"
-    if status == "stalled":
-        return "stalled"
-    if status != "ok":
-        return "failed"
+        return COLLAPSED
+    if status == STALLED:
+        return STALLED
+    if status != OK:
+        return FAILED
     if book.bleu_bar is not None:
         bleu = record.get(book.scored_bleu)
         decodes = decoded if decoded is not None else bleu is not None
         if decodes and (not _finite(bleu) or bleu < book.bleu_bar):
-            return "below_bar"
-    return "trained"
+            return BELOW_BAR
+    return TRAINED
 
 
 def blow_up_cause(record: Mapping[str, Any], bound: Optional[float]) -> str:

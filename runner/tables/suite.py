@@ -1,11 +1,11 @@
 """A reproduction suite on real data (`SCALE=real` on CPU, `SCALE=gpu` on one GPU): its cells and
 the verdicts on its claims.
 
-Each cell is one seed of one arm of a preset in sweeps/, trained by one `deepinit train` process
-(runner/tables/pool.py). A finished cell's record is written to
-results/<target>/<tier>/records.jsonl at once (runner/tables/records.py), so an interrupted suite
-keeps what it finished, and a later call (on this machine or another) trains only the cells that
-have no record yet. The preset's `sweep.claims` are the pre-registered decision rules
+Each cell is one seed of one arm of a preset in sweeps/, trained by one process (`python -m
+runner.run`, on the config `deepinit train` would compose: runner/tables/pool.py). A finished cell's
+record is written to results/<target>/<tier>/records.jsonl at once (runner/tables/records.py), so an
+interrupted suite keeps what it finished, and a later call (on this machine or another) trains only
+the cells that have no record yet. The preset's `sweep.claims` are the pre-registered decision rules
 (runner/tables/evidence.py), judged here on the records under a rule book
 (runner/tables/rulebook.py); runner/tables/report.py writes the suite's report.
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from runner.console import fmt
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
 from runner.tables.evidence import METRIC_KINDS, Record, Verdict, claim_from_dict, judge_all, selector_matches
@@ -27,7 +28,7 @@ SEED_AXIS = "trainer.seed"
 
 @dataclass
 class SuiteCell:
-    overrides: list[str]  # what the `deepinit train` call gets (the preset, the cell's axes, extras)
+    overrides: list[str]  # what the cell's config is composed from (the preset, the cell's axes, extras)
     key: list[str]  # the result-changing overrides, canonical (the record's identity)
     arm: dict[str, str]  # the axes other than the seed
     seed: int
@@ -108,8 +109,8 @@ def load_preset_value(cell: SuiteCell, dotted: str) -> Optional[float]:
 
 # ----------------------------------------------------------------------------- numbers in tables
 def fmt_number(value: Optional[float], spec: str) -> str:
-    """`value` formatted with `spec`, "-" when it is missing or not finite."""
-    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+    """`value` formatted with `spec`, "-" when it is missing or not finite (runner/console.py fmt)."""
+    return fmt(value, spec, show_nan=False, show_inf=False)
 
 
 def finite_mean(values: Sequence[Optional[float]]) -> Optional[float]:

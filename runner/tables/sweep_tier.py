@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Sequence
 
 from runner.console import format_duration
+from runner.run.attempt import signal_of
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import wait_interruptibly
-from runner.sweep.cells import FINISHED, signal_of
+from runner.run.status import FINISHED
 from runner.sweep.plan import plan_cells
 from runner.tables.plan import (
     CELL_OVERHEAD_S,

@@ -4,6 +4,7 @@ an update reads (blocks at random offsets, runner/data/lm.py) and how a batch is
 next-token loss at every position) differ."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 
@@ -12,7 +13,7 @@ import torch
 from runner.console import track
 from runner.data.lm import training_batch
 from runner.model.loss import label_smoothed_nll
-from runner.train.loop import Trainer
+from runner.train.loop import Trainer, Validation
 
 NO_PAD = -1  # no position of a block is padding: a target id the loss never sees
 
@@ -69,8 +70,8 @@ class LMTrainer(Trainer):
         self.model.train()
         return sums, tokens
 
-    def validation_loss(self) -> dict:
+    def validation_loss(self) -> Validation:
         """The loss, NLL and perplexity of the translation loop, and bits per character (the
         NLL in bits: nats / ln 2; a token of data=shakespeare_char is one character)."""
         valid = super().validation_loss()
-        return {**valid, "bpc": valid["nll_loss"] / math.log(2.0)}
+        return dataclasses.replace(valid, bpc=valid.nll_loss / math.log(2.0))

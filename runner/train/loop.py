@@ -13,8 +13,8 @@ import random
 import signal
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -123,6 +123,29 @@ class StepOutput:
 
 
 @dataclass
+class Validation:
+    """One validation: the label-smoothed loss and the NLL per target token, the perplexity, and
+    the valid split's BLEU when the run measures it (the run assembly's scorer: trainer.valid_bleu
+    or best_checkpoint_metric=bleu), else None, and bits per character for task=lm
+    (runner/train/lm_loop.py), else None."""
+
+    loss: float
+    nll_loss: float
+    ppl: float
+    bleu: Optional[float] = None
+    bpc: Optional[float] = None
+
+    def record(self) -> dict:
+        """The fields of the validation record (metrics.jsonl; bleu and bpc only when measured)."""
+        out = {"loss": self.loss, "nll_loss": self.nll_loss, "ppl": self.ppl}
+        if self.bleu is not None:
+            out["bleu"] = self.bleu
+        if self.bpc is not None:
+            out["bpc"] = self.bpc
+        return out
+
+
+@dataclass
 class Outcome:
     status: str = "ok"  # ok | diverged
     reason: Optional[str] = None
@@ -146,9 +169,6 @@ class Callback:
     def on_step_start(self, trainer: "Trainer") -> None: ...
 
     def on_step_end(self, trainer: "Trainer", out: StepOutput) -> None: ...
-
-    def on_validate(self, trainer: "Trainer", record: dict) -> None:
-        """May add fields (e.g. bleu) to the validation record before it is used and logged."""
 
     def on_best(self, trainer: "Trainer") -> None:
         """The validation just done is the best so far by trainer.best_checkpoint_metric."""
@@ -181,12 +201,47 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     return batch.to(device, non_blocking=True)
 
 
+def optimizer_update(model, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], max_norm: float,
+                     scaler: torch.amp.GradScaler, loss_scale: Optional[LossScaleMonitor],
+                     update_hook: Optional[Callable[[Any, int], None]],
+                     step: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The update once the gradients are in, as training takes it: unscale them (fp16's loss
+    scaler; a no-op otherwise), clip to max_norm (inf: measure only), the optimizer step through
+    the scaler (skipped on an fp16 overflow, which loss_scale counts), zero the gradients, then
+    the init scheme's per-update hook for update `step` (1-based). Returns (the gradient norm
+    before clipping, the fp16 skip flag or None). `Trainer.step` takes every update through it,
+    and so does an analysis that takes "one update as training does" (output_change.adam_step)."""
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    scaler.step(optimizer)
+    if loss_scale is not None:
+        loss_scale.before_update()
+    scaler.update()
+    skipped = None
+    if loss_scale is not None:
+        loss_scale.after_update()
+        skipped = loss_scale.last_overflow
+    optimizer.zero_grad(set_to_none=True)
+    if update_hook is not None:
+        update_hook(model, step)
+    return grad_norm, skipped
+
+
+def loss_scaler(precision: str) -> torch.amp.GradScaler:
+    """The gradient scaler of a run in `precision`: active for fp16 only (a no-op otherwise)."""
+    return torch.amp.GradScaler("cuda", enabled=precision == "fp16")
+
+
 # ----------------------------------------------------------------------------- the loop
 class Trainer:
     """Trains `parts` (a runner.run.build.RunParts: config, device, data, model, optimizer)."""
 
-    def __init__(self, parts, callbacks: Sequence[Callback] = ()):
+    def __init__(self, parts, callbacks: Sequence[Callback] = (),
+                 valid_bleu: Optional[Callable[["Trainer"], float]] = None):
+        """`valid_bleu`: the BLEU of the valid split for each validation (the run assembly's
+        decoder: runner/run/train.py ValidBleu), None when validation measures the loss only."""
         self.parts = parts
+        self.valid_bleu = valid_bleu
         self.cfg, self.model, self.optimizer = parts.cfg, parts.model, parts.optimizer
         self.device, self.world, self.rank = parts.device, parts.world, parts.rank
         self.callbacks = list(callbacks)
@@ -194,7 +249,7 @@ class Trainer:
         self._rng_ranks: Optional[list] = None  # every rank's RNG state at the last gather_rng()
         self.stream = batch_stream(parts.batches, self.cfg.trainer.seed, self.state.pos)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(parts.precision)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=parts.precision == "fp16")
+        self.scaler = loss_scaler(parts.precision)
         # fp16 only: overflow count and the min-scale stop (runner/train/loss_scale.py)
         self.loss_scale = (LossScaleMonitor(self.scaler, self.cfg.trainer.min_loss_scale)
                            if self.scaler.is_enabled() else None)
@@ -273,20 +328,10 @@ class Trainer:
                 self.scaler.scale(loss * (self.world / ntokens)).backward()
             loss_sum += loss.detach()
             nll_parts.append(nll.detach())
-        self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
-        self.scaler.step(self.optimizer)
-        if self.loss_scale is not None:
-            self.loss_scale.before_update()
-        self.scaler.update()
-        skipped = None
-        if self.loss_scale is not None:
-            self.loss_scale.after_update()
-            skipped = self.loss_scale.last_overflow
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, skipped = optimizer_update(self.model, self.optimizer, self.params, self.max_norm,
+                                              self.scaler, self.loss_scale, self.parts.update_hook,
+                                              self.state.step + 1)
         self.state.step += 1
-        if self.parts.update_hook is not None:
-            self.parts.update_hook(self.model, self.state.step)
         out = StepOutput(loss_sum, nll_parts, grad_norm, ntokens, lr, batches, skipped)
         self._callbacks("on_step_end", out)
         return out
@@ -311,43 +356,52 @@ class Trainer:
         self.model.train()
         return sums, tokens
 
-    def validation_loss(self) -> dict:
+    def validation_loss(self) -> Validation:
+        """The validation loss over every rank (no BLEU: `validation` adds it)."""
         sums, tokens = self.validation_sums()
         totals = torch.cat([sums.cpu(), torch.tensor([tokens], dtype=torch.float64)])
         if self.world > 1:
             totals = self.all_reduce(totals.to(self.device)).cpu()
         loss_sum, nll_sum, tokens = totals.tolist()
         loss, nll = loss_sum / max(tokens, 1), nll_sum / max(tokens, 1)
-        return {"loss": loss, "nll_loss": nll, "ppl": math.exp(min(nll, 50.0))}
+        return Validation(loss, nll, math.exp(min(nll, 50.0)))
+
+    def validation(self) -> Validation:
+        """One validation: the loss, and the BLEU when the run measures it (`valid_bleu`)."""
+        valid = self.validation_loss()
+        if self.valid_bleu is not None:
+            valid = replace(valid, bleu=self.valid_bleu(self))
+        return valid
 
     def validate(self, lr: float) -> None:
         s, t = self.state, self.cfg.trainer
-        valid = self.validation_loss()
-        self._callbacks("on_validate", valid)
-        s.last_valid = valid
+        valid = self.validation()
+        s.last_valid = valid.record()
         # a non-finite validation (an fp16 overflow) is never the best
-        if math.isfinite(valid["loss"]) and (s.best_valid_loss is None or valid["loss"] < s.best_valid_loss):
-            s.best_valid_loss = valid["loss"]
-        if math.isfinite(valid["nll_loss"]) and (s.best_valid_nll is None or valid["nll_loss"] < s.best_valid_nll):
-            s.best_valid_nll = valid["nll_loss"]
+        if math.isfinite(valid.loss) and (s.best_valid_loss is None or valid.loss < s.best_valid_loss):
+            s.best_valid_loss = valid.loss
+        if math.isfinite(valid.nll_loss) and (s.best_valid_nll is None or valid.nll_loss < s.best_valid_nll):
+            s.best_valid_nll = valid.nll_loss
         rule = t.early_stop
-        if rule.window > 0 and math.isfinite(valid["loss"]) and (
-                s.stop_reference is None or valid["loss"] < s.stop_reference - rule.min_delta):
-            s.stop_reference, s.stop_reference_step = valid["loss"], s.step
+        if rule.window > 0 and math.isfinite(valid.loss) and (
+                s.stop_reference is None or valid.loss < s.stop_reference - rule.min_delta):
+            s.stop_reference, s.stop_reference_step = valid.loss, s.step
         if t.best_checkpoint_metric in ("loss", "bleu"):
             # every rank gathers, whether or not its own value is a new best: a rank's BLEU could
             # differ from the main rank's, and a collective some ranks skip would hang the others
             self.gather_rng()
-            value = valid["loss"] if t.best_checkpoint_metric == "loss" else valid["bleu"]
+            value = valid.loss if t.best_checkpoint_metric == "loss" else valid.bleu
+            if value is None:
+                raise ValueError("best_checkpoint_metric=bleu needs the trainer's valid_bleu scorer")
             sign = 1.0 if t.best_checkpoint_metric == "loss" else -1.0
             if math.isfinite(value) and (s.best_metric is None or sign * value < sign * s.best_metric):
                 s.best_metric = value
                 self._callbacks("on_best")
             self._rng_ranks = None
         self._callbacks("on_record", {"split": "valid", "step": s.step, "epoch": s.pos.epoch,
-                                      "lr": lr, **valid})
-        log.info("valid at update %d: loss %.4f  nll %.4f  ppl %.2f", s.step, valid["loss"],
-                 valid["nll_loss"], valid["ppl"])
+                                      "lr": lr, **valid.record()})
+        log.info("valid at update %d: loss %.4f  nll %.4f  ppl %.2f", s.step, valid.loss,
+                 valid.nll_loss, valid.ppl)
 
     def should_stop(self) -> bool:
         """trainer.early_stop after the validation at this update: the last improvement is

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_cli_here
+from conftest import TINY, run_cli_here
 
 from runner.cli.analyze import main as main_analyze
 
@@ -58,3 +58,27 @@ def test_user_errors_exit_2(tmp_path, capsys, args):
     assert main_analyze([*args, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("deepinit: error:") and "Traceback" not in err, err
+
+
+def test_mode_gap_of_a_checkpoint(tmp_path, capsys):
+    """`deepinit analyze mode-gap CHECKPOINT [BATCHES]`: the JSON on stdout and in mode_gap.json,
+    the same bytes (the file results/table2/real/postln-no-warmup-mode-gap.json quotes)."""
+    from runner.config import config_from_dict
+    from runner.run.train import train
+    from tests.conftest import compose
+
+    run_dir = tmp_path / "run"
+    train(compose([*TINY, "model.dropout=0.3", "trainer.progress=false"]), run_dir)
+    checkpoint = run_dir / "checkpoint_last.pt"
+    capsys.readouterr()
+    out = tmp_path / "gap"
+    assert main_analyze(["mode-gap", str(checkpoint), "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "mode_gap.json").read_text() == printed
+    result = json.loads(printed)
+    assert result["checkpoint"] == str(checkpoint) and result["batches"] == 2
+    losses = result["loss_per_token"]
+    assert sorted(losses) == ["train/eval", "train/train", "valid/eval", "valid/train"]
+    assert losses["train/train"] != losses["train/eval"]  # dropout changes the loss
+    assert config_from_dict(torch.load(checkpoint, weights_only=True)["config"]).model.dropout == 0.3
+    assert main_analyze(["mode-gap", str(tmp_path / "none.pt")]) == 2

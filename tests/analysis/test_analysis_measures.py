@@ -188,3 +188,21 @@ def test_run_config_with_a_new_depth(tmp_path):
     assert cfg.model.layers == 2  # the run's own config is untouched
     with pytest.raises(common.ConfigError):
         common.for_depth(setting, ["model.layers=0"])
+
+
+def test_adam_step_takes_the_trainers_update():
+    """output-change's Adam arm takes its update through the train loop's own function
+    (runner/train/loop.py optimizer_update), the init scheme's per-update hook included: the
+    alpha ramp moves alpha from 0 to one ramp step after update 1, as in training."""
+    from runner.analysis.output_change import adam_step
+    from runner.run.build import check_config
+
+    cfg = compose(SMALL + ["norm=none", "init=rezero_ramp", "init.alpha_ramp_step=0.25"])
+    check_config(cfg)
+    model = common.fresh_model(cfg, 1)
+    alphas = [p for name, p in model.named_parameters(remove_duplicate=False) if name.endswith("alpha")] or \
+        [b for name, b in model.named_buffers() if name.endswith("alpha")]
+    assert alphas and all(float(a.abs().max()) == 0.0 for a in alphas)
+    loss = adam_step(model, cfg, common.input_batch(cfg, 4), cfg.optim.lr)
+    assert math.isfinite(loss)
+    assert all(torch.all(a == 0.25) for a in alphas)

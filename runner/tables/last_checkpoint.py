@@ -1,27 +1,28 @@
-"""BLEU of each real-tier cell's last checkpoint beside the average that its record scores.
+"""BLEU of each real-tier cell's last checkpoint beside the average that its record scores
+(`deepinit reproduce TARGET --last-checkpoint-bleu`).
 
 The real tier scores the average of the last 5 checkpoints (saved every 200 of 2,000 updates), as
 the papers do; there those 5 checkpoints span the last few percent of training, here they span 40%
 (updates 1,200 to 2,000). Where a validation curve still falls steeply, that average mixes
 weights of very different quality. Cells trained with trainer.final_bleu_last carry the last
-checkpoint's BLEU in their record (bleu_last); for cells trained before that option, this script
-measures it on their run folders, without touching the folders or the records. The suite
-reports read its output beside the records (runner/tables/records.py, LAST_CHECKPOINT_FILE).
+checkpoint's BLEU in their record (bleu_last); for cells trained before that option, this measures
+it on their run folders, without touching the folders or the records. The suite reports read its
+output beside the records (runner/tables/records.py, LAST_CHECKPOINT_FILE).
 
-Usage (the repository on PYTHONPATH, the data root set as for training):
-    python results/last_checkpoint_bleu.py TARGET SUITE_OUTPUT_DIR
-e.g. `python results/last_checkpoint_bleu.py lipschitz outputs/reproduce/lipschitz-real`.
-
-For every cell folder whose result.json matches a record of results/TARGET/real/records.jsonl
-(same overrides and seed, same BLEU), it decodes test with the cell's own decoding settings twice:
-the averaged checkpoints the record scored (a check: the BLEU must equal the record's) and
-checkpoint_last.pt alone. Appends one line per cell to results/TARGET/real/last-checkpoint-bleu.jsonl
-(skipping cells already there) and rewrites its table, last-checkpoint-bleu.md, from that file.
+For every cell folder of the suite's run folders (default `outputs/reproduce/TARGET-real`) whose
+result.json matches a record of results/TARGET/real/records.jsonl (same overrides and seed, same
+BLEU), it decodes test with the cell's own decoding settings twice: the averaged checkpoints the
+record scored (a check: the BLEU must equal the record's) and checkpoint_last.pt alone. It
+appends one line per cell to results/TARGET/real/last-checkpoint-bleu.jsonl (skipping cells
+already there) and rewrites its table, last-checkpoint-bleu.md, from that file.
 """
+from __future__ import annotations
+
 import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -30,6 +31,7 @@ from runner.run.folder import environment
 from runner.sweep.plan import canonical
 from runner.tables.records import LAST_CHECKPOINT_FILE, Records, cell_key, results_root
 
+TABLE_FILE = "last-checkpoint-bleu.md"
 CHECK_TOLERANCE = 0.01  # BLEU points: the re-decoded average must give the record's score
 
 
@@ -54,8 +56,12 @@ def decode(cell: Path, names: list[str], settings: dict) -> dict:
                             checkpoint=names[0] if len(names) == 1 else None)
 
 
-def main(target: str, suite_dir: Path) -> int:
+def measure(target: str, suite_dir: Path, echo: Callable[[str], None] = print) -> int:
+    """Measure every cell of SUITE_DIR that has a matching record of results/TARGET/real and no
+    line yet in its last-checkpoint-bleu.jsonl, then rewrite last-checkpoint-bleu.md. Returns the
+    number of cells measured."""
     torch.set_num_threads(1)
+    measured = 0
     tier = results_root() / target / "real"
     records = Records.load(tier)
     out = tier / LAST_CHECKPOINT_FILE
@@ -86,14 +92,17 @@ def main(target: str, suite_dir: Path) -> int:
                 "measured_with": measured_with}
         with out.open("a") as f:
             f.write(json.dumps(line) + "\n")
-        print(f"{cell.name}: averaged {record['bleu']:.2f}, last {last['bleu']:.2f}")
+        measured += 1
+        echo(f"{cell.name}: averaged {record['bleu']:.2f}, last {last['bleu']:.2f}")
     if out.exists():
         write_table(target, [json.loads(line) for line in out.read_text().splitlines()],
-                    tier / "last-checkpoint-bleu.md")
-    return 0
+                    tier / TABLE_FILE)
+    return measured
 
 
 def write_table(target: str, lines: list[dict], path: Path) -> None:
+    """last-checkpoint-bleu.md from the jsonl's lines (its words name the script that first wrote
+    it, so that the committed tables stay byte for byte what they are)."""
     rows = sorted(lines, key=lambda r: (sorted(r["arm"].items()), r["seed"]))
     gains = [r["bleu_last"] - r["bleu_averaged"] for r in rows]
     text = [f"# {target}: BLEU of the last checkpoint beside the average of the last 5",
@@ -111,7 +120,3 @@ def write_table(target: str, lines: list[dict], path: Path) -> None:
     text += ["", f"{len(rows)} cells; the last checkpoint scores higher in "
                  f"{sum(g > 0 for g in gains)} of them."]
     path.write_text("\n".join(text) + "\n")
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], Path(sys.argv[2])))
