@@ -12,6 +12,7 @@ that data, Zipf text with IWSLT-like lengths is used.
     deepinit bench --peer --peer-tools DIR  deepinit and fairseq alternating, with ratios (make bench-peer)
     deepinit bench --reference              each preset also in plain PyTorch (torch.nn.Transformer), alternating
     deepinit bench --compile both           each preset eager and compiled
+    deepinit bench --presets lm-nanogpt-cpu --depths --reference   task=lm against a plain PyTorch GPT
 
 Throughput counts target tokens (eos included, padding not) per second of wall clock between
 log records, after the warm-up updates, as fairseq's wps meter does.
@@ -24,6 +25,7 @@ log records, after the warm-up updates, as fairseq's wps meter does.
     tables.py     the printed and Markdown tables of a report
     run.py        `deepinit bench`: the entries in turn, the JSON report
     reference.py  the plain-PyTorch training step; profile.py: --profile
+    lm.py         task=lm's entry (lm-nanogpt-cpu): deepinit's LM step and a plain-PyTorch GPT
 
 Model FLOPs come from runner/model/flops.py and the hardware peaks from runner/run/hardware.py,
 which the paper-scale cost estimates (runner/tables/cost.py) use too.

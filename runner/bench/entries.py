@@ -33,13 +33,18 @@ PRESETS: dict[str, tuple[list[str], Optional[int], int]] = {
     "big": (["model=big"], None, 16384),
     "base-18": (["model=base", "model.layers=18"], None, 16384),
 }
+# task=lm presets: name -> overrides. lm-nanogpt-cpu is the preset of nanoGPT's CPU run
+# (sweeps/lm_nanogpt_cpu.yaml: 4 layers, 128 wide, 4 heads, block 64, batch 12, Pre-LN) on
+# data=shakespeare_char; with --reference its plain-PyTorch side is a hand-written GPT
+# (runner/bench/lm.py).
+LM_PRESETS: dict[str, list[str]] = {"lm-nanogpt-cpu": ["+sweep=lm_nanogpt_cpu"]}
 # The peer's two configurations (peer_train_bench.sh `config`): deepinit name -> peer name.
 PEER_CONFIGS = {"small": "iwslt", "tiny-peer": "tiny"}
 PRESETS["tiny-peer"] = (["model=tiny", "model.dim=128", "model.ffn_dim=256", "model.heads=4",
                          "model.layers=2"], 1000, 2048)
 # Updates: warm-up, per timed window, windows. The peer's runs: iwslt 3 + 15, tiny 20 + 150.
 SCHEDULE = {"small": (3, 5, 3), "base": (30, 20, 3), "big": (30, 20, 3), "base-18": (30, 20, 3),
-            "tiny-peer": (20, 50, 3)}
+            "tiny-peer": (20, 50, 3), "lm-nanogpt-cpu": (25, 25, 4)}
 PEER_SCHEDULE = {"small": (3, 15, 1), "tiny-peer": (20, 150, 1)}
 DEFAULT_SCHEDULE = (10, 20, 3)
 # The peer's fairseq-generate call: --max-tokens 4096 --batch-size 128 (peer_train_bench.sh)
@@ -67,10 +72,14 @@ class Entry:
     profile: int = 0  # updates profiled after the timed windows (runner/bench/profile.py)
     profile_stem: str = ""  # path prefix of the profile's table and trace
     extra: dict = field(default_factory=dict)
+    task: str = "translation"  # or "lm": runner/bench/lm.py times it
 
 
 def preset_entry(name: str, args, peer: bool = False) -> Entry:
-    model, vocab, max_tokens = PRESETS[name]
+    if name in LM_PRESETS:
+        model, vocab, max_tokens = LM_PRESETS[name], None, 0
+    else:
+        model, vocab, max_tokens = PRESETS[name]
     warmup, steps, windows = (PEER_SCHEDULE if peer else SCHEDULE).get(name, DEFAULT_SCHEDULE)
     if args.quick:
         warmup, steps, windows = 2, 2, 2
@@ -80,11 +89,12 @@ def preset_entry(name: str, args, peer: bool = False) -> Entry:
         steps = args.steps
     if args.windows is not None:
         windows = args.windows
-    return Entry(name, "peer" if peer else "preset", RECIPE + model + list(args.override), vocab,
-                 max_tokens, warmup, steps, windows,
-                 decode=0 if args.no_decode else args.decode_sentences,
+    lm = name in LM_PRESETS
+    return Entry(name, "peer" if peer else "preset", (model if lm else RECIPE + model) + list(args.override),
+                 vocab, max_tokens, warmup, steps, windows,
+                 decode=0 if args.no_decode or lm else args.decode_sentences,
                  threads=args.threads, device=args.device, compile=args.compile_on,
-                 profile=getattr(args, "profile", 0))
+                 profile=getattr(args, "profile", 0), task="lm" if lm else "translation")
 
 
 def preset_entries(name: str, args) -> list[Entry]:
@@ -123,9 +133,9 @@ def resolve_args(args, cuda: bool) -> Optional[str]:
         args.presets = [p for p in args.presets if "=" not in p]
     if args.presets is None:
         args.presets = ["ci"] if args.quick else ["tiny", "small", "ci"] + (["base"] if cuda else [])
-    unknown = [p for p in args.presets if p not in PRESETS]
+    unknown = [p for p in args.presets if p not in PRESETS and p not in LM_PRESETS]
     if unknown:
-        return f"unknown preset(s) {', '.join(unknown)}; expected {', '.join(PRESETS)}"
+        return f"unknown preset(s) {', '.join(unknown)}; expected {', '.join([*PRESETS, *LM_PRESETS])}"
     if args.quick and args.depths == [6, 50, 100, 200]:
         args.depths = [2]
     return None
@@ -147,8 +157,9 @@ def uses_cuda(entry: Entry) -> bool:
 def entry_schedule(entry: Entry) -> tuple[int, int, int]:
     """(log interval, untimed warm-up updates, warm-up + timed updates)."""
     # CPU: a record per update (no cost without a device to sync); CUDA: one per window, so
-    # the only host syncs are the trainer's own logging steps.
-    log_interval = entry.steps if uses_cuda(entry) else 1
+    # the only host syncs are the trainer's own logging steps. task=lm times each update itself
+    # (runner/bench/lm.py) and logs once per window, as its preset logs every 50 updates.
+    log_interval = entry.steps if uses_cuda(entry) or entry.task == "lm" else 1
     warmup = -(-entry.warmup // log_interval) * log_interval
     return log_interval, warmup, warmup + entry.steps * entry.windows
 
@@ -159,20 +170,26 @@ def entry_overrides(entry: Entry, work: Path) -> list[str]:
     # one more untimed update: its batch request closes the last timed update's CPU time (and
     # it warms up the profiler, which then records entry.profile more)
     total_updates = updates + 1 + entry.profile
-    corpus = write_corpus(work / "data", entry.vocab)
-    overrides = entry.overrides + [
-        "data=custom", f"data.dir={corpus}", "data.bpe=none", f"data.cache_dir={work / 'cache'}",
-        f"data.max_tokens={entry.max_tokens}", f"trainer.max_updates={total_updates}",
-        f"trainer.log_interval={log_interval}", "trainer.valid_interval=0",
-        "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.valid_max_batches=1",
-        "trainer.tensorboard=false", "trainer.progress=false", "trainer.resume=false",
-        f"trainer.device={entry.device}", f"trainer.compile={str(entry.compile).lower()}",
-        f"trainer.threads={entry.threads}"]
-    if not any(o.startswith("warmup") for o in entry.overrides):
-        overrides.append(f"warmup.updates={min(4000, total_updates)}")  # the recipe's 4000, capped
+    run = [f"trainer.max_updates={total_updates}", f"trainer.log_interval={log_interval}",
+           "trainer.valid_interval=0", "trainer.save_interval=0", "trainer.keep_checkpoints=0",
+           "trainer.valid_max_batches=1", "trainer.tensorboard=false", "trainer.progress=false",
+           "trainer.resume=false", f"trainer.device={entry.device}",
+           f"trainer.compile={str(entry.compile).lower()}", f"trainer.threads={entry.threads}"]
     if uses_cuda(entry):
         # the divergence check reads the loss (a host sync): only on the window's last update,
         # so a timed window has one sync, as the reference's does
-        overrides.append(f"trainer.divergence.check_interval={log_interval}")
+        run.append(f"trainer.divergence.check_interval={log_interval}")
+    if entry.task == "lm":  # the preset's own corpus and schedule
+        if not any(o.startswith("warmup") for o in entry.overrides):
+            # the preset's 100 warm-up updates (sweeps/lm_nanogpt_cpu.yaml), fewer than the
+            # updates run: the cosine schedule decays after them
+            run.append(f"warmup.updates={min(100, total_updates - 1)}")
+        return entry.overrides + run
+    corpus = write_corpus(work / "data", entry.vocab)
+    overrides = entry.overrides + [
+        "data=custom", f"data.dir={corpus}", "data.bpe=none", f"data.cache_dir={work / 'cache'}",
+        f"data.max_tokens={entry.max_tokens}", *run]
+    if not any(o.startswith("warmup") for o in entry.overrides):
+        overrides.append(f"warmup.updates={min(4000, total_updates)}")  # the recipe's 4000, capped
     return overrides
 

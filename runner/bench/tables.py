@@ -7,7 +7,7 @@ from typing import Optional
 
 from rich.table import Table
 
-from runner.bench.compare import REFERENCE_TARGET
+from runner.bench.compare import REFERENCE_NAMES
 from runner.bench.workers import eager_fallback
 from runner.console import console, fmt
 from runner.run import hardware
@@ -21,6 +21,16 @@ def _pct(fraction: Optional[float]) -> str:
 
 def _reference_model(row: dict) -> str:
     return row["model"] + (" compiled" if row.get("compile") else "")
+
+
+def _reference_sides(reference: dict) -> tuple[str, str]:
+    """What the reference rows compare with ("torch.nn.Transformer", "a hand-written GPT"), and
+    their targets ("1.2x", "1.2x for translation, 1.0x for lm")."""
+    tasks = list(dict.fromkeys(row.get("task", "translation") for row in reference.values()))
+    names = " and ".join(f"{REFERENCE_NAMES[t]} ({t})" if len(tasks) > 1 else REFERENCE_NAMES[t] for t in tasks)
+    targets = {row.get("task", "translation"): row["tokens_per_s"]["target"] for row in reference.values()}
+    target = ", ".join(f"{v}x" + (f" for {t}" if len(targets) > 1 else "") for t, v in targets.items())
+    return names, target
 
 
 def print_tables(report: dict) -> None:
@@ -111,7 +121,8 @@ def print_tables(report: dict) -> None:
     reference = report.get("reference") or {}
     if reference:
         reps = max(len(row["reference_runs"]) for row in reference.values())
-        t = Table(title=f"deepinit vs plain PyTorch (torch.nn.Transformer), the same training step: "
+        names, target = _reference_sides(reference)
+        t = Table(title=f"deepinit vs plain PyTorch ({names}), the same training step: "
                         f"medians of {reps} alternating runs per side", title_justify="left")
         for col in ("preset", "model", "deepinit tok/s", "PyTorch tok/s", "ratio", "deepinit MFU",
                     "PyTorch MFU", "deepinit MB", "PyTorch MB"):
@@ -127,7 +138,7 @@ def print_tables(report: dict) -> None:
         console.print(t)
         memory = "max allocated" if machine["device"] == "cuda" else "max RSS"
         console.print(f"ratio: deepinit's median tok/s over the plain-PyTorch reference's, both trained on "
-                      f"the same batches (target {REFERENCE_TARGET}x: green when met); MFU against the same "
+                      f"the same batches (target {target}: green when met); MFU against the same "
                       f"peak as above; MB: peak memory ({memory}).")
     profiled = _profile_rows(report)
     if profiled:
@@ -222,9 +233,10 @@ def markdown_tables(report: dict) -> str:
     reference = report.get("reference") or {}
     if reference:
         reps = max(len(row["reference_runs"]) for row in reference.values())
-        lines += [f"deepinit against plain PyTorch (`torch.nn.Transformer`, runner/bench/reference.py) on the "
+        names, target = _reference_sides(reference)
+        lines += [f"deepinit against plain PyTorch ({names}, runner/bench/reference.py, lm.py) on the "
                   f"same batches, medians of {reps} alternating runs per side; ratio = deepinit / PyTorch "
-                  f"tok/s, target {REFERENCE_TARGET}:", "",
+                  f"tok/s, target {target}:", "",
                   "| preset | model | deepinit tok/s | PyTorch tok/s | ratio | target | deepinit MFU | PyTorch MFU "
                   "| deepinit peak MB | PyTorch peak MB | deepinit runs tok/s | PyTorch runs tok/s |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -236,6 +248,12 @@ def markdown_tables(report: dict) -> str:
                          f"| {_fmt(mem['deepinit'], ',.0f')} | {_fmt(mem['reference'], ',.0f')} "
                          f"| {', '.join(_fmt(v, ',.0f') for v in r['deepinit_runs'])} "
                          f"| {', '.join(_fmt(v, ',.0f') for v in r['reference_runs'])} |")
+        lines.append("")
+        for name, row in reference.items():
+            loads = [", ".join(f"{r['load_train']['other_cores']:.2f}" for r in row[f"{side}_runs"]
+                               if r.get("load_train")) or "-" for side in ("deepinit", "reference")]
+            lines.append(f"{name}: other processes' load (cores) during the deepinit runs {loads[0]}; "
+                         f"during the PyTorch runs {loads[1]}.")
         lines.append("")
     profiled = _profile_rows(report)
     if profiled:

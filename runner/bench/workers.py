@@ -28,6 +28,7 @@ from runner.bench.entries import (
     entry_schedule,
     uses_cuda,
 )
+from runner.bench.lm import run_lm_entry, run_lm_reference_entry
 from runner.bench.machine import LoadProbe, rss_mb
 from runner.bench.profile import OperatorProfile
 from runner.bench.reference import train_reference
@@ -245,15 +246,17 @@ def run_reference_entry(entry: Entry, cfg: Config, overrides: list[str]) -> dict
     }
 
 
-# which step a child process times: deepinit's train loop, or the plain-PyTorch reference
-WORKERS = {"deepinit": run_entry, "reference": run_reference_entry}
+# which step a child process times, per task: deepinit's train loop, or the plain-PyTorch reference
+WORKERS = {"translation": {"deepinit": run_entry, "reference": run_reference_entry},
+           "lm": {"deepinit": run_lm_entry, "reference": run_lm_reference_entry}}
 
 
 def worker_main(argv: list[str]) -> int:
     """python -m runner.bench SPEC.json OUT.json: one entry with its composed config."""
     spec = json.loads(Path(argv[0]).read_text())
-    worker = WORKERS[spec.get("kind", "deepinit")]
-    out = worker(Entry(**spec["entry"]), config_from_dict(spec["config"]), spec["overrides"])
+    entry = Entry(**spec["entry"])
+    worker = WORKERS[entry.task][spec.get("kind", "deepinit")]
+    out = worker(entry, config_from_dict(spec["config"]), spec["overrides"])
     write_json(Path(argv[1]), out, indent=1)
     return 0
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from runner import bench
-from runner.bench.entries import DECODE_SENTENCES, PEER_CONFIGS, PRESETS
+from runner.bench.entries import DECODE_SENTENCES, LM_PRESETS, PEER_CONFIGS, PRESETS
 from runner.bench.run import run_bench
 from runner.cli.compose import compose
 
@@ -15,7 +15,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="deepinit bench", description=bench.__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", nargs="*", default=None,
-                   help=f"of {', '.join(PRESETS)} (default: tiny small ci, + base on CUDA)")
+                   help=f"of {', '.join([*PRESETS, *LM_PRESETS])} (default: tiny small ci, + base on "
+                        "CUDA; lm-nanogpt-cpu: task=lm's nanoGPT CPU preset)")
     p.add_argument("--depths", nargs="*", type=int, default=[6, 50, 100, 200],
                    help="layers per stack for the depth scaling entries (none: skip)")
     p.add_argument("--depth-max-tokens", type=int, default=1024)

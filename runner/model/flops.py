@@ -18,3 +18,9 @@ def train_flops(dim: int, ffn: int, enc_layers: int, dec_layers: int, tgt_vocab:
     dense = 2 * (per_src * s.sum() + per_tgt * t.sum())
     attn = 4 * dim * (enc_layers * (s * s).sum() + dec_layers * ((t * t).sum() + (s * t).sum()))
     return 3 * (dense + attn)
+
+
+def lm_train_flops(dim: int, ffn: int, layers: int, vocab: int, lengths: np.ndarray) -> float:
+    """Model FLOPs of one training pass of a decoder-only LM over blocks of these lengths: the
+    layers are train_flops' encoder layers (self-attention and FFN), with the output projection."""
+    return train_flops(dim, ffn, layers, 0, vocab, lengths, lengths)
