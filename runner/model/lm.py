@@ -21,6 +21,14 @@ SIDE = "decoder"  # the one stack's side, for placements (norm.decoder_placement
 
 
 class DecoderOnlyLM(TransformerModel):
+    # CPU training attention through sdpa (is_causal) at every length, not the matmul kernel the
+    # translation model uses up to 128 keys: at the nanoGPT CPU shape (block 64, 4 heads of 32)
+    # sdpa's causal kernel with the q/k/v gradients it returns in the layout of its inputs makes
+    # a whole update ~5-10% faster (torch.profiler: the matmul kernel's gradients reach the q/k/v
+    # split transposed, and its backward's cat and reshapes copied them); `deepinit bench
+    # --presets lm-nanogpt-cpu --reference`, docs/lm.md.
+    cpu_matmul_attention_max_keys = 0
+
     def __init__(self, cfg: ModelConfig, norm: NormConfig, vocab: int, residual: ResidualSpec):
         super().__init__()
         self.cfg, self.norm_cfg = cfg, norm

@@ -15,7 +15,7 @@ from runner.config import ModelConfig, NormConfig
 from runner.model.attention import MultiheadAttention, attention_options
 from runner.model.embedding import Embedder
 from runner.model.ffn import FeedForward
-from runner.model.kernels import AttentionKernels
+from runner.model.kernels import CPU_MATMUL_ATTENTION_MAX_KEYS, AttentionKernels
 from runner.model.linear import SigmaReparamLinear, linear_variant
 from runner.model.norms import NORM_TYPES, DynamicTanh, make_norm
 from runner.model.packing import Packing
@@ -193,10 +193,14 @@ class TransformerModel(nn.Module):
         weight = self.output_projection_weight
         return F.normalize(weight, dim=-1) if self.cfg.fixnorm else weight
 
+    # CPU training attention runs as plain matmuls up to this many keys, sdpa beyond
+    # (runner/model/kernels.py); a model class may choose otherwise (DecoderOnlyLM: sdpa always)
+    cpu_matmul_attention_max_keys = CPU_MATMUL_ATTENTION_MAX_KEYS
+
     def select_kernels(self, device_type: str) -> "TransformerModel":
         """Choose every attention's kernels for the device the model now lives on (call after
         .to(device); runner/model/kernels.py)."""
-        chosen = AttentionKernels(device_type)
+        chosen = AttentionKernels(device_type, self.cpu_matmul_attention_max_keys)
         for module in self.modules():
             if isinstance(module, MultiheadAttention):
                 module.kernels = chosen

@@ -128,3 +128,23 @@ def test_cosine_schedule_is_nanogpts():
         assert lr_at(step, cfg) == pytest.approx(nanogpt(step), rel=1e-12)
     assert lr_at(1050, cfg) == pytest.approx((1e-3 + 1e-4) / 2)
     assert lr_at(2500, cfg) == pytest.approx(1e-4)  # after the decay: min_lr
+
+
+def test_on_cpu_the_lm_attends_through_sdpa_and_translation_keeps_its_matmul_kernel():
+    """DecoderOnlyLM runs sdpa's causal kernel at every length on CPU (faster at the nanoGPT
+    shape, runner/model/lm.py); the translation model keeps matmul attention up to 128 keys.
+    Both kernels compute the same logits."""
+    from runner.model import kernels
+    from runner.model.attention import MultiheadAttention
+
+    model = built(lm_config(layers=2)).select_kernels("cpu")
+    attention = next(m for m in model.modules() if isinstance(m, MultiheadAttention))
+    assert attention.kernels.full(64) is kernels.sdpa_attention
+    assert kernels.AttentionKernels("cpu").full(64) is kernels.matmul_attention  # translation's
+    tokens = torch.randint(0, VOCAB, (3, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        fast = model(tokens)
+        for module in model.modules():
+            if isinstance(module, MultiheadAttention):
+                module.kernels = kernels.AttentionKernels("cpu")
+        assert torch.allclose(model(tokens), fast, atol=1e-5)
