@@ -201,7 +201,7 @@ class ToyConfig:
 class DataConfig:
     """Which corpus and how batches are formed."""
 
-    name: str = "toy"  # toy | multi30k | iwslt14 | custom (translation); shakespeare_char (task=lm)
+    name: str = "toy"  # toy | multi30k | iwslt14 | custom (translation); shakespeare_char | text (task=lm)
     dir: Optional[str] = None
     source_lang: str = "de"
     target_lang: str = "en"

@@ -14,7 +14,7 @@ class ConfigError(ValueError):
     """A user error in the configuration: reported as one line, exit code 2, no traceback."""
 
 
-LM_CORPORA = ("shakespeare_char",)  # data.name values that are text for task=lm
+LM_CORPORA = ("shakespeare_char", "text")  # data.name values that are text for task=lm
 
 CHOICES = {
     "task": ("translation", "lm"),

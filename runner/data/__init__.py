@@ -7,11 +7,11 @@ from __future__ import annotations
 from runner.data import toy
 from runner.data.corpus import load_translation_data
 from runner.data.dataset import TokenizedSplit, TranslationData
-from runner.data.lm import LMData, load_shakespeare_char
+from runner.data.lm import LMData, load_shakespeare_char, load_text
 
 BUILDERS = {"toy": toy.build, "multi30k": load_translation_data, "iwslt14": load_translation_data,
             "custom": load_translation_data}
-LM_BUILDERS = {"shakespeare_char": load_shakespeare_char}  # task=lm's corpora
+LM_BUILDERS = {"shakespeare_char": load_shakespeare_char, "text": load_text}  # task=lm's corpora
 
 
 def build_data(data_cfg) -> TranslationData:

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from runner.config import Config, ConfigError, config_from_dict, is_resolved
 from runner.console import Overview, console, file_log, log, overview_text, print_summary, progress_lines
+from runner.data.lm import bits_key
 from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import final_scores, split_bleu
@@ -276,8 +277,9 @@ def train(cfg, run_dir: Path) -> dict:
         raise
     result = result_record(parts, trainer, outcome, resume)
     result["world_size"] = parts.world
-    if cfg.task == "lm":  # the NLL in bits per character (runner/train/lm_loop.py)
-        for key, nll in (("valid_bpc", result["valid_nll_loss"]), ("best_valid_bpc", result["best_valid_nll"])):
+    if cfg.task == "lm":  # the NLL in bits per character or per token (runner/train/lm_loop.py)
+        bits = bits_key(parts.data.unit)
+        for key, nll in ((f"valid_{bits}", result["valid_nll_loss"]), (f"best_valid_{bits}", result["best_valid_nll"])):
             result[key] = None if nll is None else nll / math.log(2.0)
     if telemetry is not None:  # where the first nan/inf appeared (docs/training.md "Telemetry")
         result["first_nonfinite"] = telemetry.first_nonfinite()
@@ -328,7 +330,8 @@ def lm_overview(parts: RunParts, run_dir: Path, env: dict, trackers: list,
                   f"dim {m.dim}, {m.heads} heads; norm={cfg.norm.placement} init={cfg.init.name} "
                   f"optim={cfg.optim.name} lr={cfg.optim.lr:g}"),
         ("data", f"{cfg.data.name}: {stats['train_tokens']:,} train / {stats['valid_tokens']:,} valid "
-                 f"tokens ({parts.data.unit}s); vocab {len(parts.data):,}"),
+                 f"tokens ({'characters' if parts.data.unit == 'character' else 'byte-level BPE'}); "
+                 f"vocab {len(parts.data):,}"),
         ("device", device_line(parts, env)),
         ("training", updates),
         ("logging", ", ".join(["metrics.jsonl", *(t.name for t in trackers)])
@@ -342,9 +345,10 @@ def end_notes(parts: RunParts, run_dir: Path, result: dict) -> list[str]:
     language model: how to sample from it)."""
     cfg = parts.cfg
     if cfg.task == "lm":
-        return ([f"bits per character: {result['valid_bpc']:.3f} (best {result['best_valid_bpc']:.3f}); "
+        unit, bits = parts.data.unit, bits_key(parts.data.unit)
+        return ([f"bits per {unit}: {result[f'valid_{bits}']:.3f} (best {result[f'best_valid_{bits}']:.3f}); "
                  f"sample from it with: deepinit sample {run_dir}"]
-                if result.get("valid_bpc") is not None else [])
+                if result.get(f"valid_{bits}") is not None else [])
     if (result.get("bleu") is None and result["status"] == OK
             and cfg.data.test_split in parts.data.splits):
         why = ("it failed, see train.log" if result.get("bleu_error") else

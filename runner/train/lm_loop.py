@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from runner.console import track
-from runner.data.lm import training_batch
+from runner.data.lm import bits_key, training_batch
 from runner.model.loss import label_smoothed_nll
 from runner.train.loop import Trainer, Validation
 
@@ -71,7 +71,8 @@ class LMTrainer(Trainer):
         return sums, tokens
 
     def validation_loss(self) -> Validation:
-        """The loss, NLL and perplexity of the translation loop, and bits per character (the
-        NLL in bits: nats / ln 2; a token of data=shakespeare_char is one character)."""
+        """The loss, NLL and perplexity of the translation loop, and the NLL in bits (nats / ln 2)
+        per token: bits per character (`bpc`) where a token is a character (data=shakespeare_char),
+        bits per BPE token (`bpt`) otherwise (data=text)."""
         valid = super().validation_loss()
-        return dataclasses.replace(valid, bpc=valid.nll_loss / math.log(2.0))
+        return dataclasses.replace(valid, **{bits_key(self.parts.data.unit): valid.nll_loss / math.log(2.0)})

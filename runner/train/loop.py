@@ -126,22 +126,25 @@ class StepOutput:
 class Validation:
     """One validation: the label-smoothed loss and the NLL per target token, the perplexity, and
     the valid split's BLEU when the run measures it (the run assembly's scorer: trainer.valid_bleu
-    or best_checkpoint_metric=bleu), else None, and bits per character for task=lm
-    (runner/train/lm_loop.py), else None."""
+    or best_checkpoint_metric=bleu), else None, and for task=lm the NLL in bits per character
+    (data=shakespeare_char) or per BPE token (data=text) (runner/train/lm_loop.py), else None."""
 
     loss: float
     nll_loss: float
     ppl: float
     bleu: Optional[float] = None
     bpc: Optional[float] = None
+    bpt: Optional[float] = None
 
     def record(self) -> dict:
-        """The fields of the validation record (metrics.jsonl; bleu and bpc only when measured)."""
+        """The fields of the validation record (metrics.jsonl; bleu, bpc and bpt only when measured)."""
         out = {"loss": self.loss, "nll_loss": self.nll_loss, "ppl": self.ppl}
         if self.bleu is not None:
             out["bleu"] = self.bleu
         if self.bpc is not None:
             out["bpc"] = self.bpc
+        if self.bpt is not None:
+            out["bpt"] = self.bpt
         return out
 
 
