@@ -184,13 +184,15 @@ def summary_table(result: dict, status: Optional[str] = None) -> Table:
     table = Table(title="deepinit run summary", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
+    lm = result.get("task") == "lm"  # blocks at random offsets: tokens trained on, not epochs
     rows = [
         ("status", f"[{colour}]{status}[/]" + (f" ({escape(str(result['reason']))})" if result.get("reason") else "")),
+        ("updates / tokens seen", f"{result['updates']} / {fmt(result.get('train_tokens'), ',')}") if lm else
         ("updates / epochs", f"{result['updates']} / {result.get('epochs', '-')}"),
         ("train loss", fmt(result.get("train_loss"))),
         ("valid loss (best)", f"{fmt(result.get('valid_loss'))} ({fmt(result.get('best_valid_loss'))})"),
         ("valid ppl", fmt(result.get("valid_ppl"), ".2f")),
-        ("throughput", f"{fmt(result.get('tokens_per_s'), ',.0f')} target tokens/s"),
+        ("throughput", f"{fmt(result.get('tokens_per_s'), ',.0f')} {'' if lm else 'target '}tokens/s"),
         ("wall time", f"{fmt(result.get('wall_s'), '.1f')} s"),
         ("parameters", f"{result.get('parameters', 0):,}"),
     ]

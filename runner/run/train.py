@@ -278,6 +278,8 @@ def train(cfg, run_dir: Path) -> dict:
     result = result_record(parts, trainer, outcome, resume)
     result["world_size"] = parts.world
     if cfg.task == "lm":  # the NLL in bits per character or per token (runner/train/lm_loop.py)
+        # blocks at random offsets: no epochs; the summary shows the tokens trained on instead
+        result.update(task="lm", epochs=None)
         bits = bits_key(parts.data.unit)
         for key, nll in ((f"valid_{bits}", result["valid_nll_loss"]), (f"best_valid_{bits}", result["best_valid_nll"])):
             result[key] = None if nll is None else nll / math.log(2.0)

@@ -111,7 +111,7 @@ def test_a_text_folder_trains_reports_bits_per_token_and_samples(tmp_path):
     assert result["status"] == "ok" and result["updates"] == 12
     assert result["valid_bpt"] == pytest.approx(result["valid_nll_loss"] / math.log(2))
     assert result["best_valid_bpt"] == pytest.approx(result["best_valid_nll"] / math.log(2))
-    assert "valid_bpc" not in result
+    assert "valid_bpc" not in result and result["epochs"] is None and result["task"] == "lm"
     assert result["train_tokens"] == 12 * 4 * 16
     vocab = json.loads((run / "vocab.json").read_text())
     assert vocab["unit"] == "token" and vocab["bpe"]["model"]["type"] == "BPE"
@@ -124,3 +124,20 @@ def test_a_text_folder_trains_reports_bits_per_token_and_samples(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("the king") and len(proc.stdout.rstrip("\n")) > len("the king")
 
+
+def test_an_lm_summary_shows_tokens_seen_and_translation_keeps_epochs():
+    from rich.console import Console
+
+    from runner.console import summary_table
+
+    def rendered(result):
+        console = Console(record=True, width=120)
+        console.print(summary_table(result))
+        return console.export_text()
+
+    base = {"status": "ok", "updates": 2000, "train_tokens": 18_432_000, "tokens_per_s": 9000.0}
+    lm = rendered({**base, "task": "lm", "epochs": None})
+    assert "updates / tokens seen" in lm and "2000 / 18,432,000" in lm and "epochs" not in lm
+    translation = rendered({**base, "epochs": 3})
+    assert "updates / epochs" in translation and "2000 / 3" in translation
+    assert "target tokens/s" in translation and "target tokens/s" not in lm
