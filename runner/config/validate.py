@@ -188,9 +188,6 @@ def _check_task(cfg: Any) -> None:
     if trainer.max_epochs:
         raise ConfigError(f"trainer.max_epochs={trainer.max_epochs}: task=lm draws blocks at random "
                           "offsets and has no epochs; set trainer.max_updates and max_epochs=0")
-    if trainer.telemetry_interval:
-        raise ConfigError(f"trainer.telemetry_interval={trainer.telemetry_interval}: the telemetry "
-                          "hooks read translation batches and do not run with task=lm yet; set it to 0")
 
 
 def _check_early_stop(trainer: Any) -> None:

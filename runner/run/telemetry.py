@@ -2,7 +2,8 @@
 
 `Telemetry` is a train-loop Callback. Every N-th update it attaches forward hooks for that one
 update and emits a record with split "telemetry" (metrics.jsonl, TensorBoard), lists aligned
-with its "sublayers" names (model.sublayers() order: encoder layers, then decoder layers):
+with its "sublayers" names (model.sublayers() order: encoder layers, then decoder layers; a
+task=lm model has the decoder's only, and no padding: every position of a block is real):
 
 - max_abs: max |x| of each residual sublayer's output (the residual stream after it), over the
   real (non-pad) tokens of this rank's micro-batches of the update, dropout as trained.
@@ -67,9 +68,10 @@ def _real(x: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
 
 
 class Telemetry(Callback):
-    """See the module docstring. `model` is the unwrapped Seq2Seq (hooks go on its modules)."""
+    """See the module docstring. `model` is the unwrapped Seq2Seq or DecoderOnlyLM (hooks go on
+    its modules); `pad` is None for a DecoderOnlyLM (blocks of running text have no padding)."""
 
-    def __init__(self, model: nn.Module, interval: int, pad: int, fp16: bool = False):
+    def __init__(self, model: nn.Module, interval: int, pad: Optional[int], fp16: bool = False):
         self.model, self.interval, self.pad, self.fp16 = model, interval, pad, fp16
         self.refs = list(model.sublayers())
         self.names = [ref.name for ref in self.refs]
@@ -84,9 +86,10 @@ class Telemetry(Callback):
         self.first_where: Optional[torch.Tensor] = None
         self.measure_handles: list = []
         self.handles = [model.register_forward_pre_hook(self._batch, with_kwargs=True)]
-        for index, (side, module) in enumerate((("encoder", model.encoder.embedder),
-                                                ("decoder", model.decoder.embedder))):
-            self.handles.append(module.register_forward_hook(self._finite(index, None)))
+        for index, side in enumerate(("encoder", "decoder")):  # an LM has the decoder side only
+            if hasattr(model, side):
+                stack = getattr(model, side)
+                self.handles.append(stack.embedder.register_forward_hook(self._finite(index, None)))
         for i, ref in enumerate(self.refs):
             self.handles.append(ref.module.register_forward_hook(self._finite(i + 2, ref.side)))
 
@@ -97,7 +100,7 @@ class Telemetry(Callback):
 
     # ---- hooks
     def _batch(self, module, args, kwargs):
-        if self.watching:
+        if self.watching and self.pad is not None:  # task=lm: no padding, every position is real
             src = args[0] if args else kwargs["src_tokens"]
             prev = args[1] if len(args) > 1 else kwargs["prev_tokens"]
             self.keep = {"encoder": src != self.pad, "decoder": prev != self.pad}
