@@ -187,7 +187,7 @@ def load_text(data_cfg) -> LMData:
         raise CorpusError(f"data.bpe_merges={data_cfg.bpe_merges}: expected a number of merges >= 0")
     if not any(line.strip() for line in train_lines) or not valid_lines:
         raise CorpusError(f"data.dir={data_cfg.dir}: {len(lines)} line(s) of text; data=text needs at least "
-                          "10 lines (the first 90% train, the last 10% validate)")
+                          "2 lines with text to train on (the first 90% train, the last 10% validate)")
     vocab = BPEVocab.learn(train_lines, data_cfg.bpe_merges)
     train, valid = vocab.encode_lines(train_lines), vocab.encode_lines(valid_lines)
     for split, ids in (("training", train), ("validation", valid)):

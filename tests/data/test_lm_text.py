@@ -62,7 +62,7 @@ def test_the_bpe_is_the_same_on_every_run(tmp_path):
     ("missing", "no such folder"),
     ("empty", "the folder is empty"),
     ("no_txt", "no .txt files"),
-    ("short", "needs at least 10 lines"),
+    ("short", "needs at least 2 lines"),
     ("binary", "not UTF-8 text"),
     ("tiny_blocks", "shorter than data.block_size + 1 = 1001"),
 ])
