@@ -86,3 +86,14 @@ def test_lm_entry_and_its_reference_train_on_the_same_blocks(tmp_path):
     markdown = out.with_suffix(".md").read_text()
     assert "a hand-written GPT" in markdown and "| lm-nanogpt-cpu | 128-512-4, 4 layers" in markdown
     assert "other processes' load" in markdown
+
+
+def test_a_missing_corpus_is_one_line_before_any_entry_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DEEPINIT_DATA_ROOT", str(tmp_path / "no-data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "no-cache"))
+    out = tmp_path / "bench.json"
+    rc = main_bench(["--quick", "--presets", "lm-nanogpt-cpu", "--depths", "--threads", "1",
+                     "--work", str(tmp_path / "work"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert err.startswith("deepinit: error: lm-nanogpt-cpu: data=shakespeare_char: no ") and err.count("\n") == 1

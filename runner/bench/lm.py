@@ -18,7 +18,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -30,7 +30,8 @@ from runner.bench.machine import LoadProbe, rss_mb
 from runner.bench.profile import OperatorProfile
 from runner.config import Config
 from runner.data import build_lm_data
-from runner.data.lm import training_batch
+from runner.data.corpus import CorpusError
+from runner.data.lm import shakespeare_file, text_files, training_batch
 from runner.model.flops import lm_train_flops
 from runner.run.build import build_run, check_config, resolve_device
 from runner.train.lm_loop import LMTrainer
@@ -102,6 +103,19 @@ def unsupported(cfg: Config) -> list[str]:
     if cfg.optim.name != "adam" or cfg.trainer.update_freq != 1 or cfg.trainer.label_smoothing:
         problems.append("optim=adam, trainer.update_freq=1, no label smoothing only")
     return problems
+
+
+def corpus_problem(cfg: Config) -> Optional[str]:
+    """The one-line error of a task=lm entry whose corpus is not there (checked before any entry
+    runs, so that a missing tinyshakespeare is not a failed entry's traceback), or None."""
+    try:
+        if cfg.data.name == "shakespeare_char":
+            shakespeare_file(cfg.data.dir)
+        elif cfg.data.name == "text":
+            text_files(cfg.data.dir)
+    except CorpusError as exc:
+        return str(exc)
+    return None
 
 
 # ----------------------------------------------------------------------------- timing

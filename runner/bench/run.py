@@ -13,7 +13,8 @@ import torch
 
 from runner.bench import workers
 from runner.bench.compare import peer_comparison, peer_ready, reference_comparison, summarize_reference
-from runner.bench.entries import plan_entries, resolve_args
+from runner.bench.entries import entry_overrides, plan_entries, resolve_args
+from runner.bench.lm import corpus_problem
 from runner.bench.machine import LoadProbe, machine_info
 from runner.bench.tables import markdown_tables, print_tables
 from runner.config import Config
@@ -38,6 +39,13 @@ def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> 
         if problem:
             print(f"deepinit: error: {problem}", file=sys.stderr)
             return 2
+    if not args.peer:  # a task=lm entry's corpus: one line now, not a failed entry later
+        for entry in plan_entries(args):
+            if entry.task == "lm":
+                problem = corpus_problem(compose(entry_overrides(entry, args.work.resolve())))
+                if problem:
+                    print(f"deepinit: error: {entry.name}: {problem}", file=sys.stderr)
+                    return 2
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_path = args.out or Path("outputs/bench") / f"bench{'-peer' if args.peer else ''}-{stamp}.json"
     work = args.work.resolve()
