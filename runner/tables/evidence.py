@@ -99,6 +99,26 @@ Decision rules (`judge`)
        per `across` value; a shared best that is not every seed's best reads inconclusive [v1:
        not asked].
 
+    "matches" (A and B are equivalent within the claim's `margin`, in the metric's units; e.g.
+       DyT matches LayerNorm): cells of an arm that did not train where the other's did settle it
+       (not reproduced). Otherwise the paired differences are tested for equivalence by two
+       one-sided paired t-tests against -margin and +margin (`tost_paired`): reproduced when both
+       reject at 0.05; not reproduced when the 95% paired-t interval lies wholly outside the margin;
+       "underpowered" when the margin is narrower than the half-width of the 90% paired-t interval
+       (so even an observed difference of 0 could not show equivalence); inconclusive otherwise.
+
+    "less_spread" (A's seed-to-seed spread of the metric is below B's; e.g. Peri-LN's loss over
+       seeds against Pre-LN's): cells that did not train settle it as for "better". Otherwise the
+       one-sided F-test of var(B) / var(A) over the ok seeds (`variance_ratio_test`): reproduced
+       when p < 0.05; not reproduced when the reverse test (A spreads more) has p < 0.05;
+       "underpowered" when the claim's `paper_effect` (a variance ratio) is below the ratio the
+       test detects at 80% power (`detectable_variance_ratio`; with 3 seeds per arm it is 76);
+       inconclusive otherwise.
+
+    Loss spikes: the metric "loss_spikes" of a record is the number of runs of logged training
+    losses more than the rule book's `spike_margin` above the lowest loss logged before them
+    (`loss_spikes`), read from the record's training curve; a record without one has no value.
+
 A claim may carry `added`: when and why it was written if not before every run of its arms (e.g. a
 second reading of a paper's "failed" after a first seed showed a plateau rather than a blow-up).
 Reports print it beside the verdict, and such a claim never replaces the one it complements.
@@ -127,11 +147,12 @@ from runner.tables.rulebook import CURRENT, NOT_TRAINED, OUTCOMES, TRAINED, Rule
 STATUSES = tuple(OK if o == TRAINED else o for o in OUTCOMES)
 # a difference, a mean of differences or an interval's end: signed, 2 decimals, e-notation below 0.01
 _signed = partial(fmt, spec="+.2f", small=0.01, small_spec="+.2e")
-KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "more_failed", "same_best")
-TWO_ARM_KINDS = ("better", "more_diverged", "more_failed")
-METRIC_KINDS = ("better", "same_best")  # the kinds that compare `metric`
+KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "more_failed", "same_best",
+         "matches", "less_spread")
+TWO_ARM_KINDS = ("better", "more_diverged", "more_failed", "matches", "less_spread")
+METRIC_KINDS = ("better", "same_best", "matches", "less_spread")  # the kinds that compare `metric`
 # what a claim's `metric` can name: the metrics each Record carries (runner/tables/suite.py)
-METRICS = ("bleu", "sacrebleu", "best_valid_loss", "bleu_last")
+METRICS = ("bleu", "sacrebleu", "best_valid_loss", "bleu_last", "loss_spikes")
 VERDICTS = ("reproduced", "not reproduced", "underpowered", "inconclusive", "not run")
 
 # Fixed for every verdict: changing them after the runs would be choosing the answer.
@@ -322,6 +343,64 @@ def sign_test(wins: int, losses: int) -> float:
     return float(min(Fraction(1), 2 * tail))
 
 
+def tost_paired(diffs: Sequence[float], margin: float) -> float:
+    """p-value of the paired two one-sided tests (TOST; Schuirmann 1987) that the mean of `diffs`
+    lies inside (-margin, +margin): the larger of the one-sided t-tests of mean > -margin and of
+    mean < +margin (scipy.stats.ttest_1samp). Equivalence at alpha when p < alpha, which is the
+    (1 - 2 alpha) paired-t interval lying inside the margin. All-equal differences have no spread:
+    p is 0 when they lie inside the margin, 1 otherwise."""
+    x = _as_finite_array(diffs)
+    if x.size < 2:
+        raise ValueError(f"a paired TOST needs at least 2 pairs, got {x.size}")
+    if not margin > 0:
+        raise ValueError(f"the equivalence margin must be > 0, got {margin}")
+    if np.all(x == x[0]):
+        return 0.0 if abs(float(x[0])) < margin else 1.0
+    above_low = stats.ttest_1samp(x, -margin, alternative="greater").pvalue
+    below_high = stats.ttest_1samp(x, margin, alternative="less").pvalue
+    return float(max(above_low, below_high))
+
+
+def variance_ratio_test(a: Sequence[float], b: Sequence[float]) -> float:
+    """p-value of the one-sided F-test that `a` varies less than `b`: F = var(b) / var(a) (sample
+    variances, ddof=1) against F(n_b - 1, n_a - 1) (scipy.stats.f). It assumes normal values and
+    is unpaired. (Written here: scipy.stats offers the distribution, not this test.) A spread of 0
+    in `a` against a positive one in `b` gives p = 0; no spread in either gives p = 1."""
+    x, y = _as_finite_array(a), _as_finite_array(b)
+    if x.size < 2 or y.size < 2:
+        raise ValueError(f"an F-test needs at least 2 values per group, got {x.size} and {y.size}")
+    var_a, var_b = float(x.var(ddof=1)), float(y.var(ddof=1))
+    if var_a == 0:
+        return 0.0 if var_b > 0 else 1.0
+    return float(stats.f.sf(var_b / var_a, y.size - 1, x.size - 1))
+
+
+def detectable_variance_ratio(n_a: int, n_b: int, alpha: float = 0.05, power: float = 0.80) -> float:
+    """The smallest true ratio var(b) / var(a) that `variance_ratio_test` detects at `alpha` with
+    probability `power`: F / ratio follows F(n_b - 1, n_a - 1), so the ratio is the test's critical
+    value over that distribution's (1 - power) quantile."""
+    if n_a < 2 or n_b < 2:
+        raise ValueError(f"needs at least 2 values per group, got {n_a} and {n_b}")
+    critical = stats.f.ppf(1 - alpha, n_b - 1, n_a - 1)
+    return float(critical / stats.f.ppf(1 - power, n_b - 1, n_a - 1))
+
+
+def loss_spikes(curve: Sequence[Sequence[float]], margin: float) -> Optional[int]:
+    """The number of loss spikes in a training curve [(update, loss), ...]: runs of consecutive
+    logged losses more than `margin` above the lowest finite loss logged before them (rule book v2's
+    `spike_margin`). None for a curve of fewer than 2 finite losses (nothing to compare)."""
+    losses = [float(loss) for _, loss in curve if loss is not None and math.isfinite(loss)]
+    if len(losses) < 2:
+        return None
+    spikes, inside, lowest = 0, False, losses[0]
+    for loss in losses[1:]:
+        above = loss > lowest + margin
+        spikes += above and not inside
+        inside = above
+        lowest = min(lowest, loss)
+    return spikes
+
+
 # --------------------------------------------------------------------------- records and claims
 
 
@@ -357,6 +436,7 @@ class Claim:
     # "better": the effect the paper reports, in the metric's units, positive = A better (e.g.
     # 28.58 - 28.26 = 0.32 BLEU); rule book v2 compares it with the minimum detectable effect
     paper_effect: float | None = None
+    margin: float | None = None  # "matches": the equivalence margin, in the metric's units
 
 
 @dataclass(frozen=True)
@@ -391,7 +471,7 @@ def _selector(d: Any, what: str) -> dict[str, Selected]:
 
 
 _CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better", "over", "across",
-               "added", "min_bleu", "bleu_metric", "paper_effect")
+               "added", "min_bleu", "bleu_metric", "paper_effect", "margin")
 BLEU_METRICS = ("bleu", "bleu_last")  # what min_bleu can read
 
 
@@ -431,11 +511,22 @@ def claim_from_dict(d: Mapping) -> Claim:
         raise ValueError(f"claim {d['id']!r}: metric must be one of {list(METRICS)}, got {d.get('metric')!r}")
     paper_effect = d.get("paper_effect")
     if paper_effect is not None:
-        if kind != "better":
-            raise ValueError(f"claim {d['id']!r}: paper_effect applies to kind 'better' only, not {kind!r}")
+        if kind not in ("better", "less_spread"):
+            raise ValueError(f"claim {d['id']!r}: paper_effect applies to kinds 'better' and 'less_spread' "
+                             f"only, not {kind!r}")
         if isinstance(paper_effect, bool) or not isinstance(paper_effect, (int, float)) or paper_effect <= 0:
             raise ValueError(f"claim {d['id']!r}: paper_effect must be a positive number (the paper's "
-                             f"difference, A better), got {paper_effect!r}")
+                             f"difference, A better; for less_spread the ratio var(B) / var(A)), got {paper_effect!r}")
+        if kind == "less_spread" and paper_effect <= 1:
+            raise ValueError(f"claim {d['id']!r}: a less_spread paper_effect is a variance ratio var(B) / var(A) "
+                             f"above 1, got {paper_effect!r}")
+    margin = d.get("margin")
+    if (margin is None) != (kind != "matches"):
+        raise ValueError(f"claim {d['id']!r}: " + ("kind 'matches' needs a margin (the equivalence margin in "
+                                                   "the metric's units)" if margin is None
+                                                   else f"margin applies to kind 'matches' only, not {kind!r}"))
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin <= 0):
+        raise ValueError(f"claim {d['id']!r}: margin must be a positive number, got {margin!r}")
     higher = d.get("higher_is_better", True)
     if not isinstance(higher, bool):
         raise ValueError(f"claim {d['id']!r}: higher_is_better must be true or false, got {higher!r}")
@@ -446,7 +537,8 @@ def claim_from_dict(d: Mapping) -> Claim:
                  across=None if d.get("across") is None else str(d["across"]),
                  added=None if d.get("added") is None else str(d["added"]),
                  min_bleu=None if min_bleu is None else float(min_bleu), bleu_metric=bleu_metric,
-                 paper_effect=None if paper_effect is None else float(paper_effect))
+                 paper_effect=None if paper_effect is None else float(paper_effect),
+                 margin=None if margin is None else float(margin))
 
 
 # --------------------------------------------------------------------------- judging
@@ -610,6 +702,116 @@ def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
     return Verdict(claim, verdict, measured, details)
 
 
+def _ok_diffs(claim: Claim, pairs: Sequence[tuple[Record, Record]]) -> list[tuple[int, float]]:
+    """(seed, A - B) of the claim's metric over the pairs where both cells are ok with a finite
+    value, signed so that positive means A better."""
+    sign = 1.0 if claim.higher_is_better else -1.0
+    diffs = []
+    for ra, rb in pairs:
+        va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
+        if ra.status != "ok" or rb.status != "ok" or va is None or vb is None:
+            continue
+        if not (math.isfinite(va) and math.isfinite(vb)):
+            continue
+        diffs.append((ra.seed, sign * (float(va) - float(vb))))
+    return diffs
+
+
+def _bad_cells(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook
+               ) -> tuple[list[tuple[Record, Record]], dict[str, Any], str, Optional[str]]:
+    """The seed pairs of a two-arm comparison, its details, a line counting the cells of each arm
+    that did not train, and the verdict those settle alone ("reproduced" when only B has such cells,
+    "not reproduced" when A has more; None when the metric must decide)."""
+    pairs, info = _pair(claim, a, b)
+    bad = _bad_statuses(book)
+    a_bad = sum(ra.status in bad for ra, _ in pairs)
+    b_bad = sum(rb.status in bad for _, rb in pairs)
+    la, lb = _label(claim.a), _label(claim.b or {})
+    details: dict[str, Any] = {"a_n": len(a), "a_bad": a_bad, "b_n": len(b), "b_bad": b_bad, **info}
+    line = (f"{'/'.join(s.replace('_', ' ') for s in bad)}: {la} {a_bad} of {len(pairs)}, "
+            f"{lb} {b_bad} of {len(pairs)}")
+    settled = ("reproduced" if b_bad > a_bad == 0 else "not reproduced" if a_bad > b_bad else None)
+    return pairs, details, line, settled
+
+
+def _judge_matches(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook) -> Verdict:
+    """Equivalence of A and B within the claim's margin (rule book v2, paired TOST)."""
+    pairs, details, bad_line, settled = _bad_cells(claim, a, b, book)
+    if settled is not None:
+        # one arm fails to train where the other trains: they do not match
+        return Verdict(claim, "not reproduced", bad_line, details)
+    diffs = _ok_diffs(claim, pairs)
+    la, lb = _label(claim.a), _label(claim.b or {})
+    margin = float(claim.margin or 0.0)
+    details.update({"paired": len(diffs), "margin": margin})
+    if len(diffs) < 2:
+        return Verdict(claim, "inconclusive",
+                       f"{claim.metric}: only {len(diffs)} paired ok seed(s) with the metric, need 2", details)
+    values = [d for _, d in diffs]
+    s = summarize(values, level=book.level)
+    assert s.mean is not None and s.std is not None and s.ci_low is not None and s.ci_high is not None
+    p = tost_paired(values, margin)
+    # the half-width of the (1 - 2 alpha) interval: the TOST cannot pass with a margin narrower
+    # than this, even when the observed difference is 0
+    half = float(stats.t.ppf(1 - book.alpha, s.n - 1)) * s.std / math.sqrt(s.n)
+    details.update({"mean_diff": s.mean, "std_diff": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high,
+                    "level": book.level, "p_tost": p, "half_width": half,
+                    "diffs": {str(seed): d for seed, d in diffs}})
+    if p < book.alpha:
+        verdict = "reproduced"
+    elif s.ci_low > margin or s.ci_high < -margin:
+        verdict = "not reproduced"
+    elif margin < half:
+        verdict = "underpowered"
+    else:
+        verdict = "inconclusive"
+    sign = "" if claim.higher_is_better else ", lower is better"
+    head = f"{la} - {lb}" if claim.higher_is_better else f"{lb} - {la}"  # positive = A better
+    measured = (f"{head} {claim.metric} {_signed(s.mean)} [95% paired t {_signed(s.ci_low)}, "
+                f"{_signed(s.ci_high)}] over {s.n} paired seeds{sign} ({_seed_pairs(diffs)}); equivalence "
+                f"margin +/-{margin:g}: TOST p={p:.3g}; the narrowest margin {s.n} seeds could show: "
+                f"{half:.3g}")
+    return Verdict(claim, verdict, measured, details)
+
+
+def _judge_less_spread(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook) -> Verdict:
+    """A's seed-to-seed spread of the metric below B's (rule book v2, one-sided F-test)."""
+    _, details, bad_line, settled = _bad_cells(claim, a, b, book)
+    if settled is not None:
+        return Verdict(claim, settled, bad_line, details)
+    la, lb = _label(claim.a), _label(claim.b or {})
+
+    def ok_values(recs: Sequence[Record]) -> list[float]:
+        return [float(r.metrics[claim.metric]) for r in recs if r.status == "ok"
+                and r.metrics.get(claim.metric) is not None and math.isfinite(r.metrics[claim.metric])]
+
+    va, vb = ok_values(a), ok_values(b)
+    details.update({"a_values": va, "b_values": vb})
+    if len(va) < 2 or len(vb) < 2:
+        return Verdict(claim, "inconclusive", f"{claim.metric}: {len(va)} ok seeds of {la} and {len(vb)} of "
+                       f"{lb} with the metric, need 2 each", details)
+    sd_a, sd_b = float(np.std(va, ddof=1)), float(np.std(vb, ddof=1))
+    p = variance_ratio_test(va, vb)
+    p_reverse = variance_ratio_test(vb, va)
+    detectable = detectable_variance_ratio(len(va), len(vb), book.alpha, book.power)
+    details.update({"sd_a": sd_a, "sd_b": sd_b, "p": p, "p_reverse": p_reverse,
+                    "detectable_ratio": detectable})
+    if p < book.alpha:
+        verdict = "reproduced"
+    elif p_reverse < book.alpha:
+        verdict = "not reproduced"
+    elif claim.paper_effect is not None and claim.paper_effect < detectable:
+        verdict = "underpowered"
+    else:
+        verdict = "inconclusive"
+    ratio = "inf" if sd_a == 0 else f"{(sd_b / sd_a) ** 2:.3g}"
+    measured = (f"{claim.metric} SD over seeds: {la} {sd_a:.3g} ({len(va)} ok seeds), {lb} {sd_b:.3g} "
+                f"({len(vb)}); variance ratio B/A {ratio}, one-sided F-test p={p:.3g}; ratio detectable "
+                f"at {book.power:.0%} power: {detectable:.3g}"
+                + (f" (paper's: {claim.paper_effect:g})" if claim.paper_effect is not None else ""))
+    return Verdict(claim, verdict, measured, details)
+
+
 def _seed_pairs(diffs: Sequence[tuple[int, float]]) -> str:
     return ", ".join(f"seed {seed} {_signed(d)}" for seed, d in diffs)
 
@@ -635,15 +837,7 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
         if a_bad > b_bad:
             return Verdict(claim, "not reproduced", bad_line, details)
 
-    sign = 1.0 if claim.higher_is_better else -1.0
-    diffs: list[tuple[int, float]] = []  # (seed, A - B signed so that positive means A better)
-    for ra, rb in pairs:
-        va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
-        if ra.status != "ok" or rb.status != "ok" or va is None or vb is None:
-            continue
-        if not (math.isfinite(va) and math.isfinite(vb)):
-            continue
-        diffs.append((ra.seed, sign * (float(va) - float(vb))))
+    diffs = _ok_diffs(claim, pairs)
     details["paired"] = len(diffs)
     # Written so that a positive number always means "A better".
     head = f"{la} - {lb}" if claim.higher_is_better else f"{lb} - {la}"
@@ -808,6 +1002,10 @@ def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None =
         return _judge_more_failed(claim, a, b)
     if claim.kind == "more_failed":
         return _judge_more_failed(claim, a, b, failed=_bad_statuses(book))
+    if claim.kind == "matches":
+        return _judge_matches(claim, a, b, book)
+    if claim.kind == "less_spread":
+        return _judge_less_spread(claim, a, b, book)
     return _judge_better(claim, a, b, book)
 
 
