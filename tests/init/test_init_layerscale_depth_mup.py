@@ -137,7 +137,8 @@ def residual_streams(model, src, prev) -> dict[str, list[torch.Tensor]]:
 def activation_rms_after_updates(scheme: str, layers: int, updates: int = 5, lr: float = 1e-2):
     """RMS of the residual stream after layers L/6, 2L/6, ..., L of each stack, after `updates`
     Adam updates at a constant lr on random-token batches (width 32, no dropout)."""
-    cfg = make_cfg(scheme, layers=layers, init={"depth_mup_exponent": 0.5, "depth_mup_base_layers": 6})
+    options = {"depth_mup_exponent": 0.5, "depth_mup_base_layers": 6} if scheme == "depth_mup" else {}
+    cfg = make_cfg(scheme, layers=layers, init=options)
     model = initialized(cfg)
     optimizer = build_optimizer(model.parameters(), cfg, "cpu", init_schemes.param_groups(model, cfg))
     set_lr(optimizer, lr)
