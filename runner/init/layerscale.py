@@ -12,7 +12,9 @@ the lambda's own stack (the encoder's lambdas use the encoder's layer count, the
 own; 0.1 at 12+12), total counts both stacks (24 at 12+12, so 1e-5). CaiT is one stack of
 encoder blocks, so its "depth" does not settle which reading an encoder-decoder takes: per_stack
 reads it as the depth of the residual stream lambda sits on (each stack is its own stream), total
-as the model's depth; docs/methods.md (layerscale) quotes the paper. Defined for norm=pre (the paper's Pre-LN blocks) and norm=sandwich (Pre-LN with a norm on
+as the model's depth; docs/methods.md (layerscale) quotes the paper.
+
+Defined for norm=pre (the paper's Pre-LN blocks) and norm=sandwich (Pre-LN with a norm on
 the branch output; lambda scales that normed output before the add). Post-LN is not allowed: a
 norm after the add rescales x + diag(lambda) F whole, so lambda no longer sets the branch's share
 of the stream, and norm=none is ReZero/SkipInit territory without the normalization CaiT keeps."""
