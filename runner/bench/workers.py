@@ -35,6 +35,7 @@ from runner.config import Config, config_from_dict
 from runner.console import log
 from runner.data.dataset import TokenizedSplit
 from runner.decode.search import decode_throughput
+from runner.init import options_class
 from runner.model.flops import train_flops
 from runner.run.build import build_run
 from runner.run.folder import wait_interruptibly, write_json
@@ -253,7 +254,7 @@ def worker_main(argv: list[str]) -> int:
     """python -m runner.bench SPEC.json OUT.json: one entry with its composed config."""
     spec = json.loads(Path(argv[0]).read_text())
     worker = WORKERS[spec.get("kind", "deepinit")]
-    out = worker(Entry(**spec["entry"]), config_from_dict(spec["config"]), spec["overrides"])
+    out = worker(Entry(**spec["entry"]), config_from_dict(spec["config"], options_class), spec["overrides"])
     write_json(Path(argv[1]), out, indent=1)
     return 0
 
