@@ -606,8 +606,7 @@ def test_sigterm_to_a_cpu_tier_driver_stops_its_sweep_and_a_rerun_finishes_the_c
 
 
 def test_last_checkpoint_bleu_verb_checks_its_target_and_folder(tmp_path, monkeypatch, capsys):
-    """`deepinit reproduce TARGET --last-checkpoint-bleu [RUN_FOLDERS]` (once
-    results/last_checkpoint_bleu.py): a real-tier target, its run folders (default
+    """`deepinit reproduce TARGET --last-checkpoint-bleu [RUN_FOLDERS]`: a real-tier target, its run folders (default
     <out>/TARGET-real); cells without a matching record are left alone and nothing is written."""
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path / "results"))
     assert reproduce_main(["grid", "--scale", "cpu", "--last-checkpoint-bleu"]) == 2
