@@ -100,7 +100,7 @@ def test_real_tiers_fit_six_hours_and_their_claims_parse():
     minutes per cell) but those listed with their reasons, and every claim in it is a valid rule
     naming arms the suite trains."""
     from runner.tables import suite
-    from runner.tables.evidence import claim_from_dict, selector_matches
+    from runner.tables.claims import claim_from_dict, selector_matches
 
     for name, target in TARGETS.items():
         for part in target.parts.get("real", ()):
@@ -121,7 +121,7 @@ def test_real_tiers_fit_six_hours_and_their_claims_parse():
 
 def test_gpu_tiers_claims_name_arms_they_train():
     from runner.tables import suite
-    from runner.tables.evidence import claim_from_dict, selector_matches
+    from runner.tables.claims import claim_from_dict, selector_matches
 
     gpu = [(name, part) for name, t in TARGETS.items() for part in t.parts.get("gpu", ())]
     assert sorted(name for name, _ in gpu) == ["table2", "tfixup-depth"]

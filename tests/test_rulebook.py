@@ -1,4 +1,4 @@
-"""Rule book v2 (runner/tables/rulebook.py) and the statistics it decides by (runner/tables/evidence.py).
+"""Rule book v2 (runner/tables/rulebook.py) and the statistics it decides by (runner/tables/statistics.py, evidence.py).
 
 Expected values come from scipy.stats called directly on hand-made values, from printed tables, or
 from simulation: never from the code under test called a second way.
@@ -12,15 +12,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from runner.tables.evidence import (
-    Claim,
-    Record,
-    claim_from_dict,
+from runner.tables.claims import Claim, Record, claim_from_dict
+from runner.tables.evidence import judge, judge_all
+from runner.tables.rulebook import RULEBOOKS, blow_up_cause, collapsed, loss_spikes, outcome, rulebook
+from runner.tables.statistics import (
     detectable_variance_ratio,
     holm,
-    judge,
-    judge_all,
-    loss_spikes,
     min_detectable_effect,
     paired_t_test,
     pairs_needed,
@@ -30,7 +27,6 @@ from runner.tables.evidence import (
     tost_paired,
     variance_ratio_test,
 )
-from runner.tables.rulebook import RULEBOOKS, blow_up_cause, collapsed, outcome, rulebook
 
 # --------------------------------------------------------------------------- statistics
 

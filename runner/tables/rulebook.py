@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from runner.run.status import DIVERGED, FAILED, OK, STALLED, run_status
 
@@ -190,3 +190,19 @@ def describe(book: RuleBook) -> str:
             f"paired t-test at alpha {book.alpha:g}, Holm-corrected over a table's claims against the "
             f"same baseline; a claim whose paper-sized effect is below the minimum detectable effect "
             f"at {book.power:.0%} power reads \"underpowered\".")
+
+
+def loss_spikes(curve: Sequence[Sequence[float]], margin: float) -> Optional[int]:
+    """The number of loss spikes in a training curve [(update, loss), ...]: runs of consecutive
+    logged losses more than `margin` above the lowest finite loss logged before them (rule book v2's
+    `spike_margin`). None for a curve of fewer than 2 finite losses (nothing to compare)."""
+    losses = [float(loss) for _, loss in curve if loss is not None and math.isfinite(loss)]
+    if len(losses) < 2:
+        return None
+    spikes, inside, lowest = 0, False, losses[0]
+    for loss in losses[1:]:
+        above = loss > lowest + margin
+        spikes += above and not inside
+        inside = above
+        lowest = min(lowest, loss)
+    return spikes

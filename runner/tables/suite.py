@@ -19,17 +19,10 @@ from typing import Optional, Sequence
 from runner.console import fmt
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
-from runner.tables.evidence import (
-    METRIC_KINDS,
-    Record,
-    Verdict,
-    claim_from_dict,
-    judge_all,
-    loss_spikes,
-    selector_matches,
-)
+from runner.tables.claims import METRIC_KINDS, Record, Verdict, claim_from_dict, selector_matches
+from runner.tables.evidence import judge_all
 from runner.tables.records import Records, cell_key, results_root
-from runner.tables.rulebook import CURRENT, outcome, rulebook
+from runner.tables.rulebook import CURRENT, loss_spikes, outcome, rulebook
 
 SEED_AXIS = "trainer.seed"
 
