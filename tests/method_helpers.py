@@ -13,6 +13,7 @@ from runner.analysis import common, grad_norms
 from runner.config import Config
 from runner.data.batching import collate, make_batches
 from runner.data.toy import build
+from runner.init import options_for
 from runner.model.loss import label_smoothed_nll
 from runner.run.build import check_config
 from runner.run.build import model_for as build_model
@@ -78,12 +79,12 @@ PAD, EOS, VOCAB = 1, 2, 40
 def make_cfg(scheme: str = "xavier", norm: str = "pre", layers: int = 2, dim: int = 32,
              ffn_dim: int = 64, encoder_layers=None, decoder_layers=None, model=None,
              init=None, optim=None) -> Config:
-    cfg = Config()
-    cfg.init.name, cfg.norm.placement = scheme, norm
+    cfg = Config(init=options_for(scheme, **(init or {})))
+    cfg.norm.placement = norm
     m = cfg.model
     m.layers, m.dim, m.ffn_dim, m.heads, m.dropout = layers, dim, ffn_dim, 2, 0.0
     m.encoder_layers, m.decoder_layers, m.max_positions = encoder_layers, decoder_layers, 64
-    for group, fields in ((cfg.model, model), (cfg.init, init), (cfg.optim, optim)):
+    for group, fields in ((cfg.model, model), (cfg.optim, optim)):
         for key, value in (fields or {}).items():
             setattr(group, key, value)
     return cfg

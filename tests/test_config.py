@@ -118,3 +118,77 @@ def test_cli_bad_input_exit_2_no_traceback(bad_input_runs, args, needle):
         left = sorted(p.name for p in run_dir.iterdir())
         assert left == ["train.log"], left
         assert needle in (run_dir / "train.log").read_text()
+
+
+# ------------------------------------------------- the registries against the config, conf/ and docs
+def _override_list(text: str, group: str) -> list[str]:
+    """The options of the first `group=a|b|c` override list in a document."""
+    import re
+
+    found = re.search(rf"`{group}=([\w|]+)`", text)
+    assert found, f"no `{group}=...|...` list"
+    return found[1].split("|")
+
+
+def test_placements_are_the_slot_table_everywhere():
+    """One list of placements: PLACEMENTS (runner/model/sublayer.py) is the registry; the config's
+    Literal, conf/norm's options and the README's and docs' lists are checked against it."""
+    import yaml
+
+    from runner.config import NormConfig
+    from runner.config.options import choices
+    from runner.model.sublayer import PLACEMENTS
+
+    placements = list(choices(NormConfig)["placement"])  # the Literal's order, the docs' order
+    assert sorted(placements) == sorted(PLACEMENTS)
+    placed = {p.stem: yaml.safe_load(p.read_text()).get("placement") for p in (REPO / "conf" / "norm").glob("*.yaml")}
+    assert set(PLACEMENTS) <= set(placed), "a placement without conf/norm/<name>.yaml"
+    assert {v for v in placed.values() if v is not None} <= set(PLACEMENTS)
+    assert all(placed[name] == name for name in PLACEMENTS)  # norm=<placement> sets that placement
+    readme = (REPO / "README.md").read_text()
+    assert _override_list(readme, "norm") == [*placements, *sorted(set(placed) - set(PLACEMENTS))]
+    assert sorted(_override_list((REPO / "docs" / "lm.md").read_text(), "norm")) == sorted(PLACEMENTS)
+
+
+def test_init_schemes_are_the_registry_everywhere():
+    """SCHEMES (runner/init/__init__.py) is the registry: every scheme has conf/init/<name>.yaml
+    naming its options' schema, and the README's and docs/methods.md's lists are the registry's."""
+    import re
+
+    import yaml
+
+    from runner.init import SCHEMES
+
+    for name in SCHEMES:
+        data = yaml.safe_load((REPO / "conf" / "init" / f"{name}.yaml").read_text())
+        assert data["name"] == name and data["defaults"][0] == f"/init_options/{name}@_here_", name
+        assert SCHEMES[name].name == name
+    assert options("init") == sorted(SCHEMES)
+    assert _override_list((REPO / "README.md").read_text(), "init") == list(SCHEMES)
+    methods = (REPO / "docs" / "methods.md").read_text()
+    table = re.findall(r"^\| `(\w+)` \|", methods.split("\n## ", 1)[0], flags=re.M)
+    assert table == list(SCHEMES), "docs/methods.md's table of schemes"
+    assert all(f"runner/init/{name}.py" in methods for name in SCHEMES)
+
+
+def test_init_options_are_typed_per_scheme():
+    """A scheme's option fails as an unknown key under another scheme and a wrong choice in one
+    line naming the allowed values; a stored config with the old flat init fields still loads."""
+    from runner.config import config_from_dict, to_dict
+    from runner.init import options_class
+    from runner.init.admin import AdminOptions
+
+    with pytest.raises(ConfigError, match=r"unknown key init\.omega \(an option of init=admin and "
+                                          r"init=admin_torch: choose that scheme first\); init has: name$"):
+        compose(["init.omega=scalar"])
+    with pytest.raises(ConfigError) as err:
+        check_config(compose(["init=admin", "init.omega=scaler"]))
+    assert str(err.value) == "init.omega='scaler': expected one of vector, scalar, constant"
+    cfg = compose(["init=admin_torch", "init.omega=scalar", "init.output_change_scale='O(1)'"])
+    assert type(cfg.init).__name__ == "AdminTorchOptions" and isinstance(cfg.init, AdminOptions)
+    assert config_from_dict(to_dict(cfg), options_class) == cfg
+    legacy = to_dict(compose(["init=admin"]))
+    legacy["init"].update(lipschitz_scale=1.0, deepnorm_variant="paper", alpha_ramp_step=0.0)
+    assert config_from_dict(legacy, options_class).init == AdminOptions(name="admin")
+    with pytest.raises(ConfigError, match="not a deepinit config"):
+        config_from_dict({"init": {"name": "admin", "omegaa": "vector"}}, options_class)

@@ -1,4 +1,4 @@
-"""runner/tables/evidence.py under rule book v1 (kept to show old verdicts beside new): bootstrap CIs, sign
+"""runner/tables/evidence.py (with claims.py and statistics.py) under rule book v1 (kept to show old verdicts beside new): bootstrap CIs, sign
 test, paired differences and every verdict branch of `judge`. Rule book v2 and the t-based
 statistics: tests/test_rulebook.py.
 
@@ -14,18 +14,9 @@ import statistics
 
 import pytest
 
-from runner.tables.evidence import (
-    Claim,
-    Record,
-    Summary,
-    bootstrap_mean_ci,
-    claim_from_dict,
-    judge,
-    paired_difference,
-    sign_test,
-    summarize,
-    t_mean_ci,
-)
+from runner.tables.claims import Claim, Record, claim_from_dict
+from runner.tables.evidence import judge
+from runner.tables.statistics import Summary, bootstrap_mean_ci, paired_difference, sign_test, summarize, t_mean_ci
 
 judge_v1 = functools.partial(judge, book=1)
 

@@ -88,10 +88,11 @@ def test_wall_time_estimate_packs_cells_into_slots():
 
 # Suites over 6 h, each for the reason its preset's header gives: the grid's minutes per cell are
 # its measured pace, which came out over 6 h once its 90 cells had run (planned 5.6 h); Table 2's
-# seeds 4-10 of two arms (the power analysis's 10 pairs, 14 more cells) and the width and
-# trained-flat suites are planned over several sittings, with their CPU-hours stated.
+# seeds 4-10 of two arms (the power analysis's 10 pairs, 14 more cells) and the width, trained-flat
+# and language-model suites are planned over several sittings, with their CPU-hours stated.
 OVER_SIX_HOURS = {"grid": 6.6 * 3600, "table2": 18 * 32 * 60, "width": 18 * 70 * 60,
-                  "table2-converged": 5 * 240 * 60}  # rounds of 2 cells at their stated minutes
+                  "table2-converged": 5 * 240 * 60,
+                  "lm": 30 * 26 * 60}  # rounds of 2 cells at their stated minutes
 
 
 def test_real_tiers_fit_six_hours_and_their_claims_parse():
@@ -99,7 +100,7 @@ def test_real_tiers_fit_six_hours_and_their_claims_parse():
     minutes per cell) but those listed with their reasons, and every claim in it is a valid rule
     naming arms the suite trains."""
     from runner.tables import suite
-    from runner.tables.evidence import claim_from_dict, selector_matches
+    from runner.tables.claims import claim_from_dict, selector_matches
 
     for name, target in TARGETS.items():
         for part in target.parts.get("real", ()):
@@ -120,7 +121,7 @@ def test_real_tiers_fit_six_hours_and_their_claims_parse():
 
 def test_gpu_tiers_claims_name_arms_they_train():
     from runner.tables import suite
-    from runner.tables.evidence import claim_from_dict, selector_matches
+    from runner.tables.claims import claim_from_dict, selector_matches
 
     gpu = [(name, part) for name, t in TARGETS.items() for part in t.parts.get("gpu", ())]
     assert sorted(name for name, _ in gpu) == ["table2", "tfixup-depth"]
@@ -605,8 +606,7 @@ def test_sigterm_to_a_cpu_tier_driver_stops_its_sweep_and_a_rerun_finishes_the_c
 
 
 def test_last_checkpoint_bleu_verb_checks_its_target_and_folder(tmp_path, monkeypatch, capsys):
-    """`deepinit reproduce TARGET --last-checkpoint-bleu [RUN_FOLDERS]` (once
-    results/last_checkpoint_bleu.py): a real-tier target, its run folders (default
+    """`deepinit reproduce TARGET --last-checkpoint-bleu [RUN_FOLDERS]`: a real-tier target, its run folders (default
     <out>/TARGET-real); cells without a matching record are left alone and nothing is written."""
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path / "results"))
     assert reproduce_main(["grid", "--scale", "cpu", "--last-checkpoint-bleu"]) == 2

@@ -1,4 +1,4 @@
-"""Rule book v2 (runner/tables/rulebook.py) and the statistics it decides by (runner/tables/evidence.py).
+"""Rule book v2 (runner/tables/rulebook.py) and the statistics it decides by (runner/tables/statistics.py, evidence.py).
 
 Expected values come from scipy.stats called directly on hand-made values, from printed tables, or
 from simulation: never from the code under test called a second way.
@@ -12,21 +12,21 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from runner.tables.evidence import (
-    Claim,
-    Record,
-    claim_from_dict,
+from runner.tables.claims import Claim, Record, claim_from_dict
+from runner.tables.evidence import judge, judge_all
+from runner.tables.rulebook import RULEBOOKS, blow_up_cause, collapsed, loss_spikes, outcome, rulebook
+from runner.tables.statistics import (
+    detectable_variance_ratio,
     holm,
-    judge,
-    judge_all,
     min_detectable_effect,
     paired_t_test,
     pairs_needed,
     summarize,
     t_mean_ci,
     t_test_power,
+    tost_paired,
+    variance_ratio_test,
 )
-from runner.tables.rulebook import RULEBOOKS, blow_up_cause, collapsed, outcome, rulebook
 
 # --------------------------------------------------------------------------- statistics
 
@@ -275,3 +275,122 @@ def test_a_claim_about_the_last_checkpoint_meets_the_bar_there():
     v = judge(on_last, cells)
     assert v.details["below_bar"] == 1 and v.verdict == "inconclusive"
     assert "1 below 10 BLEU of the last checkpoint" in v.measured
+
+
+# --------------------------------------------------------------------------- kinds of the LM tier
+
+
+def test_tost_is_the_larger_of_two_one_sided_scipy_tests():
+    a, b = [1.90, 1.93, 1.88, 1.91], [1.91, 1.92, 1.90, 1.90]
+    diffs = [x - y for x, y in zip(a, b)]
+    margin = 0.05
+    p_low = stats.ttest_1samp(diffs, -margin, alternative="greater").pvalue
+    p_high = stats.ttest_1samp(diffs, margin, alternative="less").pvalue
+    assert tost_paired(diffs, margin) == pytest.approx(max(p_low, p_high))
+    # by hand: t = (mean + margin) / (s / sqrt(n)) against t(n - 1)
+    mean, sd = statistics.mean(diffs), statistics.stdev(diffs)
+    t_low = (mean + margin) / (sd / math.sqrt(4))
+    assert p_low == pytest.approx(stats.t.sf(t_low, 3))
+    assert tost_paired([0.01, 0.01, 0.01], 0.05) == 0.0 and tost_paired([0.1, 0.1], 0.05) == 1.0
+    with pytest.raises(ValueError, match="margin"):
+        tost_paired(diffs, 0.0)
+
+
+def _lm_recs(arm, values, seeds=None, status="ok", metric="best_valid_loss"):
+    seeds = seeds or list(range(1, len(values) + 1))
+    return [Record(arm=dict(arm), seed=s, status=status, metrics={metric: v}) for s, v in zip(seeds, values)]
+
+
+DYT, LN = {"method": "dyt"}, {"method": "pre_ln"}
+
+
+def _matches(margin):
+    return claim_from_dict({"id": "m", "text": "t", "kind": "matches", "a": DYT, "b": LN,
+                            "metric": "best_valid_loss", "higher_is_better": False, "margin": margin})
+
+
+def test_matches_by_tost_and_its_other_verdicts():
+    ln = [1.500, 1.520, 1.480, 1.510]
+    close = [1.505, 1.522, 1.486, 1.512]  # differences +0.005, +0.002, +0.006, +0.002
+    v = judge(_matches(0.02), _lm_recs(DYT, close) + _lm_recs(LN, ln))
+    diffs = [y - x for x, y in zip(close, ln)]  # lower is better: B - A, positive = A better
+    assert v.details["p_tost"] == pytest.approx(tost_paired(diffs, 0.02)) and v.verdict == "reproduced"
+    assert "TOST p=" in v.measured and "method=pre_ln - method=dyt" in v.measured
+    assert "seed 1 -5.00e-03" in v.measured
+    # far apart: the 95% interval lies beyond the margin
+    far = [1.600, 1.618, 1.583, 1.611]
+    assert judge(_matches(0.02), _lm_recs(DYT, far) + _lm_recs(LN, ln)).verdict == "not reproduced"
+    # a margin narrower than the 90% interval's half-width cannot be met: underpowered
+    noisy = [1.51, 1.50, 1.50, 1.53]
+    v = judge(_matches(0.001), _lm_recs(DYT, noisy) + _lm_recs(LN, ln))
+    d = [y - x for x, y in zip(noisy, ln)]
+    half = stats.t.ppf(0.95, 3) * statistics.stdev(d) / 2
+    assert v.details["half_width"] == pytest.approx(half) and v.verdict == "underpowered"
+    # an arm that does not train where the other does: they do not match
+    bad = _lm_recs(DYT, [1.5, 1.5], status="diverged") + _lm_recs(DYT, [1.5, 1.5], seeds=[3, 4])
+    assert judge(_matches(0.02), bad + _lm_recs(LN, ln)).verdict == "not reproduced"
+
+
+def test_matches_needs_a_positive_margin_and_only_matches_takes_one():
+    with pytest.raises(ValueError, match="needs a margin"):
+        claim_from_dict({"id": "x", "text": "t", "kind": "matches", "a": A, "b": B})
+    with pytest.raises(ValueError, match="margin applies to kind 'matches' only"):
+        claim_from_dict({"id": "x", "text": "t", "kind": "better", "a": A, "b": B, "margin": 0.1})
+    with pytest.raises(ValueError, match="positive"):
+        claim_from_dict({"id": "x", "text": "t", "kind": "matches", "a": A, "b": B, "margin": -0.1})
+
+
+def test_variance_ratio_test_and_its_detectable_ratio_against_scipy():
+    a, b = [1.50, 1.51, 1.49, 1.50], [1.40, 1.55, 1.62, 1.47, 1.51]
+    f = statistics.variance(b) / statistics.variance(a)
+    assert variance_ratio_test(a, b) == pytest.approx(stats.f.sf(f, 4, 3))
+    # the detectable ratio has the stated power: P(F(4, 3) * ratio > critical) = 0.8
+    ratio = detectable_variance_ratio(4, 5)
+    critical = stats.f.ppf(0.95, 4, 3)
+    assert stats.f.sf(critical / ratio, 4, 3) == pytest.approx(0.80)
+    # and a simulation agrees: normal values whose variances differ by that ratio
+    rng = np.random.default_rng(0)
+    hits = [variance_ratio_test(rng.normal(0, 1, 4), rng.normal(0, math.sqrt(ratio), 5)) < 0.05
+            for _ in range(4000)]
+    assert np.mean(hits) == pytest.approx(0.80, abs=0.03)
+    assert variance_ratio_test([1.0, 1.0], [1.0, 2.0]) == 0.0 and variance_ratio_test([1.0, 1.0], [2.0, 2.0]) == 1.0
+
+
+def _less_spread(**kw):
+    return claim_from_dict({"id": "s", "text": "t", "kind": "less_spread", "a": {"method": "peri_ln"}, "b": LN,
+                            "metric": "best_valid_loss", "higher_is_better": False, **kw})
+
+
+def test_less_spread_verdicts():
+    peri = {"method": "peri_ln"}
+    tight, wide = [1.500, 1.501, 1.499, 1.500, 1.501], [1.40, 1.60, 1.45, 1.58, 1.52]
+    v = judge(_less_spread(), _lm_recs(peri, tight) + _lm_recs(LN, wide))
+    assert v.verdict == "reproduced" and v.details["p"] < 0.05
+    assert judge(_less_spread(), _lm_recs(peri, wide) + _lm_recs(LN, tight)).verdict == "not reproduced"
+    # three seeds each: the test detects only a variance ratio of 76 or more
+    v = judge(_less_spread(paper_effect=4.0), _lm_recs(peri, [1.50, 1.52, 1.49]) + _lm_recs(LN, [1.50, 1.55, 1.47]))
+    assert v.details["detectable_ratio"] == pytest.approx(stats.f.ppf(0.95, 2, 2) / stats.f.ppf(0.2, 2, 2))
+    assert v.verdict == "underpowered"
+    with pytest.raises(ValueError, match="above 1"):
+        _less_spread(paper_effect=0.5)
+
+
+def test_loss_spikes_count_runs_above_the_lowest_earlier_loss():
+    curve = [(10, 3.0), (20, 2.0), (30, 2.2), (40, 2.5), (50, 2.6), (60, 1.9), (70, 2.3), (80, 1.8),
+             (90, float("nan")), (100, 1.7)]
+    # margin 0.3 above the running minimum: updates 40-50 (above 2.0 + 0.3) are one spike, 70
+    # (2.3 > 1.9 + 0.3) another
+    assert loss_spikes(curve, 0.3) == 2
+    assert loss_spikes(curve, 1.0) == 0
+    assert loss_spikes([(10, 2.0)], 0.3) is None
+    assert RULEBOOKS[2].spike_margin == 0.3
+
+
+def test_fewer_spikes_is_a_better_claim_on_the_loss_spikes_metric():
+    peri = {"method": "peri_ln"}
+    claim = claim_from_dict({"id": "f", "text": "t", "kind": "better", "a": peri, "b": LN,
+                             "metric": "loss_spikes", "higher_is_better": False})
+    v = judge(claim, _lm_recs(peri, [0.0, 0.0, 1.0], metric="loss_spikes")
+              + _lm_recs(LN, [3.0, 4.0, 4.0], metric="loss_spikes"))
+    assert v.verdict == "reproduced"
+    assert v.details["p"] == pytest.approx(stats.ttest_rel([3.0, 4.0, 4.0], [0.0, 0.0, 1.0], alternative="greater").pvalue)

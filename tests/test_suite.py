@@ -305,7 +305,10 @@ def test_real_tier_records_reuse_and_report(tmp_path):
         assert r["status"] in ("ok", "diverged", "stalled") and r["updates"] == 20
         assert r["machine"]["git_commit"] and r["machine"]["torch"]
         assert r["valid_curve"] and "+sweep=reproduce_table2_real" in r["overrides"]
+        # the logged training losses, what loss spikes are counted from (SHRINK logs every 5)
+        assert [step for step, _ in r["train_curve"]] == [5, 10, 15, 20][:len(r["train_curve"])]
         if r["status"] == "ok":
+            assert len(r["train_curve"]) == 4
             assert r["bleu"] is not None and r["best_valid_loss"] is not None
             assert r["bleu_last"] is not None  # the preset's trainer.final_bleu_last
     report = (tier / "report.md").read_text()

@@ -15,6 +15,7 @@ import torch
 
 from runner.config import config_from_dict
 from runner.data.batching import collate
+from runner.init import options_class
 from runner.model.loss import label_smoothed_nll
 from runner.run import folder
 from runner.run.build import build_run
@@ -26,7 +27,7 @@ def run(checkpoint: Path, batches: int = 8) -> dict:
     """{"checkpoint", "batches", "loss_per_token": {"train/eval", "train/train", "valid/eval",
     "valid/train"}} for the checkpoint's own config, on one CPU thread."""
     state = folder.load_checkpoint(checkpoint)
-    cfg = config_from_dict(state["config"])
+    cfg = config_from_dict(state["config"], options_class)
     cfg.trainer.device, cfg.trainer.threads = "cpu", 1
     parts = build_run(cfg, initialize=False)
     parts.model.load_state_dict(state["model"])

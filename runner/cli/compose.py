@@ -18,12 +18,21 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from runner.config import Config, ConfigError
 from runner.config.paths import config_dir
+from runner.init import SCHEMES, with_scheme_options
 from runner.run.folder import folder_name
+
+# The ConfigStore group of the init schemes' option schemas: conf/init/<scheme>.yaml starts with
+# `defaults: [/init_options/<scheme>@_here_, _self_]`.
+INIT_OPTIONS_GROUP = "init_options"
 
 
 def register_schemas() -> None:
-    """Register the schema with Hydra's ConfigStore (conf/train.yaml extends config_schema)."""
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    """Register the schemas with Hydra's ConfigStore: the Config (conf/train.yaml extends
+    config_schema) and every init scheme's options, from the registry (runner.init.SCHEMES)."""
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for name, scheme in SCHEMES.items():
+        store.store(group=INIT_OPTIONS_GROUP, name=name, node=scheme.options(name=name))
 
 
 def register_resolvers() -> None:
@@ -51,10 +60,11 @@ def compose_run(overrides: Sequence[str] = ()) -> tuple[Config, dict, list[str]]
             cfg = hydra_compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
         choices, task = dict(cfg.hydra.runtime.choices), list(cfg.hydra.overrides.task)
         del cfg.hydra
-        return OmegaConf.to_object(cfg), choices, task
+        typed = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"cannot compose {' '.join(overrides) or '(defaults)'}: "
                           f"{describe_error(err)}") from err
+    return with_scheme_options(typed), choices, task
 
 
 def compose(overrides: Sequence[str] = ()) -> Config:
@@ -96,6 +106,10 @@ def _unknown_key(err: OmegaConfBaseException) -> Optional[str]:
         [k for k in _dotted_keys() if k.rsplit(".", 1)[-1] == leaf and k != full_key]
     near = elsewhere or [f"{parent}.{m}" if parent else m for m in _suggest(leaf, siblings)]
     hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+    owners = [name for name, scheme in SCHEMES.items()
+              if parent == "init" and leaf in {f.name for f in dataclasses.fields(scheme.options)}]
+    if owners:  # another scheme's option (init.omega=scalar without init=admin)
+        hint = f" (an option of {' and '.join(f'init={o}' for o in owners)}: choose that scheme first)"
     where = parent or "the config"
     return f"unknown key {full_key}{hint}; {where} has: {', '.join(siblings)}"
 

@@ -33,6 +33,7 @@ from runner.cli.compose import compose, describe_error, register_schemas
 from runner.config import ConfigError
 from runner.config.paths import config_dir
 from runner.data.corpus import CorpusError
+from runner.init import with_scheme_options
 from runner.run import attempt
 from runner.run.build import resolve_config
 from runner.run.folder import folder_name
@@ -138,7 +139,7 @@ def run_task(cfg: DictConfig) -> None:
     multirun = hc.mode.name == "MULTIRUN"
     attempt.begin_attempt(run_dir)  # a rerun cell reads as running, not as its last failure
     try:
-        typed = OmegaConf.to_object(cfg)
+        typed = with_scheme_options(OmegaConf.to_object(cfg))  # init=<scheme>'s options class
         try:  # a note for the reader: it must never be what fails a run
             replaced = method_groups_replaced(hc.runtime.choices)
         except Exception as exc:  # noqa: BLE001

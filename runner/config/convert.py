@@ -3,31 +3,49 @@ dotted override list on top of a Config. OmegaConf merges onto the schema, so un
 wrong types fail here as they do at composition."""
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.config.schema import Config
+from runner.config.schema import Config, InitConfig
 from runner.config.validate import ConfigError
 
+# Before each init scheme declared its own options, every config carried all of these under
+# `init`; a stored config (a checkpoint's, a run's .hydra/config.yaml) still may. The ones its
+# scheme does not read are dropped when it is loaded. Frozen: a new scheme's options never go here.
+LEGACY_INIT_KEYS = ("omega", "output_change_scale", "lipschitz_scale", "ds_init_form",
+                    "ds_init_gain", "deepnorm_variant", "alpha_ramp_step", "depth_mup_exponent",
+                    "depth_mup_base_layers")
 
-def config_from_dict(config: dict[str, Any]) -> Config:
+InitOptions = Callable[[str], type[InitConfig]]  # scheme name -> its options class (runner.init.options_class)
+
+
+def config_from_dict(config: dict[str, Any], init_options: InitOptions) -> Config:
+    """The typed Config of stored data; `init` becomes an instance of its scheme's options class,
+    which the caller's `init_options` gives (runner.init.options_class: the config layer does not
+    know the schemes)."""
+    init = dict(config.get("init") or {})
+    name = init.get("name", InitConfig.name)
+    cls = init_options(name)
+    known = {f.name for f in fields(cls)}
+    init = {k: v for k, v in init.items() if k in known or k not in LEGACY_INIT_KEYS}
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), config))
+        schema = OmegaConf.structured(Config(init=cls(name=name)))
+        return OmegaConf.to_object(OmegaConf.merge(schema, {**config, "init": init}))
     except OmegaConfBaseException as err:
         raise ConfigError(f"not a deepinit config: {err}") from err
 
 
-def config_from_yaml(path: Path) -> Config:
+def config_from_yaml(path: Path, init_options: InitOptions) -> Config:
     """A run's composed config (its .hydra/config.yaml)."""
     try:
         raw = OmegaConf.load(path)
     except (OSError, OmegaConfBaseException) as err:
         raise ConfigError(f"{path}: cannot read ({err})") from err
-    return config_from_dict(OmegaConf.to_container(raw))
+    return config_from_dict(OmegaConf.to_container(raw), init_options)
 
 
 def with_dotlist(cfg: Config, overrides: Sequence[str]) -> Config:

@@ -6,7 +6,9 @@ at composition. Rules no type can express are in runner/config/validate.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
+
+from runner.config.options import options
 
 
 @dataclass
@@ -74,17 +76,23 @@ class ModelConfig:
         return self.layers if self.decoder_layers is None else self.decoder_layers
 
 
+# The norm placements, one per PLACEMENTS entry in runner/model/sublayer.py (the slot table;
+# tests/test_config.py checks the two agree, and the conf/norm options, README and docs against them).
+Placement = Literal["post", "pre", "none", "sandwich", "b2t", "resi_dual", "mix", "peri"]
+
+
+@options
 @dataclass
 class NormConfig:
     """Norm placement (fairseq's normalize_before) and kind. The slot table per placement is in
     runner/model/sublayer.py."""
 
-    placement: str = "post"  # post | pre | none | sandwich | b2t | resi_dual | mix | peri
+    placement: Placement = "post"
     # Per-stack placement, null = `placement` (Admin Table 1 mixes a Post-LN encoder with a
     # Pre-LN decoder: norm.decoder_placement=pre).
-    encoder_placement: Optional[str] = None
-    decoder_placement: Optional[str] = None
-    kind: str = "layernorm"  # layernorm | rmsnorm | dyt | scalenorm
+    encoder_placement: Optional[Placement] = None
+    decoder_placement: Optional[Placement] = None
+    kind: Literal["layernorm", "rmsnorm", "dyt", "scalenorm"] = "layernorm"
     eps: float = 1e-5
     # A norm after the last layer of each stack. null: the placement's default (on for pre and
     # sandwich, off for post and none).
@@ -115,31 +123,15 @@ class NormConfig:
 
 @dataclass
 class InitConfig:
-    """Initialization scheme (runner/init/). Fields other than `name` apply to the schemes that
-    read them and are ignored by the rest."""
+    """Initialization scheme (runner/init/): the base of every scheme's options. Each scheme
+    declares the options it reads (typed, choices as Literal types) in its own file,
+    runner/init/<scheme>.py, as a subclass of this class; conf/init/<scheme>.yaml names that
+    schema (Hydra's ConfigStore holds it, runner/cli/compose.py), so `init=admin init.omega=scalar`
+    is checked against Admin's options and a key no scheme option has fails at composition. Code
+    that rebuilds a stored config asks the init registry for the class by name
+    (runner.init.options_class)."""
 
     name: str = "xavier"
-    # admin: how omega is held: vector (trainable d-vector, the reference), scalar (trainable),
-    # constant (buffer). admin_torch uses the same field.
-    omega: str = "vector"
-    # admin_torch: O(logn) | O(1) | O(n) (microsoft/admin-torch, admin_torch/admin.py)
-    output_change_scale: str = "O(logn)"
-    # lipschitz: bound = scale * sqrt(1/fan_in) (hfxunlp/transformer utils/init/base.py)
-    lipschitz_scale: float = 1.0
-    # ds_init: paper (l^-1/2, default) | code (l^-1/4, bzhangGo/zero)
-    ds_init_form: str = "paper"
-    ds_init_gain: float = 1.0
-    # deepnorm: paper (0.87, default) | torchscale (1.15, microsoft/torchscale)
-    deepnorm_variant: str = "paper"
-    # rezero ramp: alpha rises by this step per update until 1 (Su 2021, kexue.fm/archives/8620);
-    # 0 = learned alpha.
-    alpha_ramp_step: float = 0.0
-    # depth_mup: x_{l+1} = x_l + m^-a F_l(x_l), m = layers / depth_mup_base_layers (per stack);
-    # a = 0.5 (Yang et al., ICLR 2024, Tensor Programs VI, Depth-muP) or 1.0 (Dey et al. 2025,
-    # CompleteP), any a in [0.5, 1] accepted. The optimizer corrections follow (runner/init/depth_mup.py).
-    depth_mup_exponent: float = 0.5
-    # L_base, the depth the learning rate was tuned at; 6 = the tiny preset's depth (the CPU default)
-    depth_mup_base_layers: int = 6
 
 
 @dataclass

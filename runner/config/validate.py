@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from runner.config.options import literal_choices
+
 
 class ConfigError(ValueError):
     """A user error in the configuration: reported as one line, exit code 2, no traceback."""
@@ -26,8 +28,6 @@ CHOICES = {
     "model.qkv_bias_init": ("zero", "torch_default"),
     "model.qk_norm": ("none", "layernorm", "rmsnorm", "l2"),
     "model.sigma_reparam_gamma_init": ("sigma", "one"),
-    "norm.placement": ("post", "pre", "none", "sandwich", "b2t", "resi_dual", "mix", "peri"),
-    "norm.kind": ("layernorm", "rmsnorm", "dyt", "scalenorm"),
     "optim.name": ("adam", "radam", "sgd"),
     "optim.radam_mode": ("admin", "sgd_fallback", "torch"),
     "schedule.name": ("inverse_sqrt", "linear", "constant", "cosine"),
@@ -38,10 +38,6 @@ CHOICES = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("auto", "fp32", "bf16", "fp16"),
     "trainer.best_checkpoint_metric": ("none", "loss", "bleu"),
-    "init.omega": ("vector", "scalar", "constant"),
-    "init.output_change_scale": ("O(logn)", "O(1)", "O(n)"),
-    "init.ds_init_form": ("paper", "code"),
-    "init.deepnorm_variant": ("paper", "torchscale"),
 }
 
 
@@ -58,6 +54,12 @@ def validate(cfg: Any) -> None:
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r}: expected one of {', '.join(allowed)}")
+    # Literal fields: the norm group's and each init scheme's options (runner/config/options.py)
+    for key, value, allowed in literal_choices(cfg):
+        if value not in allowed:
+            names = ", ".join(str(a) for a in allowed if a is not None)
+            raise ConfigError(f"{key}={value!r}: expected one of {names}"
+                              + (" or null" if None in allowed else ""))
 
     model, trainer, optim = cfg.model, cfg.trainer, cfg.optim
     positive = {
@@ -145,10 +147,6 @@ def validate(cfg: Any) -> None:
             "or model.share_embeddings=decoder_io")
     if cfg.norm.eps <= 0:
         raise ConfigError(f"norm.eps={cfg.norm.eps}: expected > 0")
-    for key in ("norm.encoder_placement", "norm.decoder_placement"):
-        value = _get(cfg, key)
-        if value is not None and value not in CHOICES["norm.placement"]:
-            raise ConfigError(f"{key}={value!r}: expected one of {', '.join(CHOICES['norm.placement'])} or null")
     if cfg.norm.placement == "none" and (cfg.norm.final_norm or cfg.norm.embedding_norm):
         raise ConfigError("norm=none removes every norm: unset norm.final_norm / norm.embedding_norm")
     _check_new_norms(cfg)

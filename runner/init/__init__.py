@@ -1,16 +1,20 @@
 """Initialization schemes behind one interface (runner/init/base.py: InitScheme).
 
-The registry is the dict literal below: adding a scheme is one file with an InitScheme subclass
-and one line here. Nothing registers itself on import. The run assembly calls, in order,
+The registry is the dict literal below: adding a scheme is one file (an InitScheme subclass and,
+when it reads options, their dataclass: `options`), one line here and conf/init/<name>.yaml (the
+`init=<name>` option, naming its options' schema). Nothing registers itself on import: the CLI
+stores every scheme's options in Hydra's ConfigStore from this dict (runner/cli/compose.py), and
+a stored config is rebuilt with `options_class` (runner.config.config_from_dict). The run assembly calls, in order,
 `check_requirements(cfg)` (config time), `residual_spec(cfg)` (handed to the model builder),
 `apply(model, cfg, batch)` (after the model is built; it ends with the model's `after_init()`),
 `param_groups(model, cfg)` (handed to the optimizer builder) and `update_hook(cfg)` (per update).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import dataclasses
+from typing import Any, Callable, Optional
 
-from runner.config import ConfigError
+from runner.config import Config, ConfigError, InitConfig
 from runner.init.admin import Admin
 from runner.init.admin_torch import AdminTorch
 from runner.init.b2t import rescale_b2t
@@ -53,6 +57,29 @@ def get_scheme(name: str) -> InitScheme:
     except KeyError:
         raise ConfigError(f"init={name}: unknown init scheme; expected one of "
                           f"{', '.join(sorted(SCHEMES))}") from None
+
+
+def options_class(name: str) -> type[InitConfig]:
+    """The options dataclass of scheme `name` (InitConfig for a scheme that reads none)."""
+    return get_scheme(name).options
+
+
+def options_for(name: str, **fields: Any) -> InitConfig:
+    """The scheme's options with these fields set, the others at their defaults."""
+    return options_class(name)(name=name, **fields)
+
+
+def with_scheme_options(cfg: Config) -> Config:
+    """cfg with `cfg.init` an instance of its scheme's options class. Composition gives the class
+    the chosen conf/init option names; `init.name=<scheme>` over another option (a scheme without
+    a YAML of its own) keeps the fields the two classes share and drops the others, which came
+    from the other option's YAML."""
+    cls = options_class(cfg.init.name)
+    if type(cfg.init) is cls:
+        return cfg
+    names = {f.name for f in dataclasses.fields(cls)}
+    kept = {k: v for k, v in dataclasses.asdict(cfg.init).items() if k in names}
+    return dataclasses.replace(cfg, init=cls(**kept))
 
 
 def check_requirements(cfg) -> None:

@@ -6,13 +6,25 @@ omega from the running output variance. No update happens; the gradients are dro
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from runner.config import InitConfig
+from runner.config.options import options
 from runner.init.base import InitScheme
 from runner.init.common import fairseq_xavier
 from runner.model.loss import label_smoothed_nll
 from runner.model.sublayer import ResidualSpec
+
+
+@options
+@dataclass
+class AdminOptions(InitConfig):
+    # how omega is held: vector (a trainable d-vector, the reference), scalar (one trainable
+    # value per sublayer), constant (a buffer); admin_torch reads it too
+    omega: Literal["vector", "scalar", "constant"] = "vector"
 
 
 def residual_for(omega_mode: str) -> ResidualSpec:
@@ -92,6 +104,8 @@ def profile(model, cfg, batch) -> dict[str, float]:
 
 class Admin(InitScheme):
     name = "admin"
+    options = AdminOptions
+    changes = ("*.omega",)  # the first sublayer of each stack keeps omega = 1, later ones change
     task_hint = ("Admin's profiling pass runs the encoder-decoder forward; its decoder-only form is not written yet")
     placements = ("post",)
     placement_hint = "Admin rescales the Post-LN shortcut"

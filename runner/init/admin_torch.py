@@ -4,12 +4,22 @@ profiling. Weights are the default Xavier."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-from runner.init.admin import residual_for
+from runner.config.options import options
+from runner.init.admin import AdminOptions, residual_for
 from runner.init.base import InitScheme
 from runner.init.common import fairseq_xavier
+
+
+@options
+@dataclass
+class AdminTorchOptions(AdminOptions):
+    # omega's growth with the number of sublayers (microsoft/admin-torch, admin_torch/admin.py)
+    output_change_scale: Literal["O(logn)", "O(1)", "O(n)"] = "O(logn)"
 
 
 def omega(n: int, output_change_scale: str) -> float:
@@ -31,6 +41,8 @@ def residual_sublayers(model) -> dict[str, int]:
 
 class AdminTorch(InitScheme):
     name = "admin_torch"
+    options = AdminTorchOptions
+    changes = ("*.omega",)
     task_hint = ("admin-torch's n (2N encoder, 3M decoder branches) has no decoder-only count chosen yet")
     placements = ("post",)
     placement_hint = "admin_torch rescales the Post-LN shortcut"

@@ -19,7 +19,14 @@ from typing import Any, ClassVar, Iterator, Optional, Protocol
 import torch
 from torch import nn
 
+from runner.config import InitConfig
 from runner.model.sublayer import ResidualSpec
+
+# The roles of a model's tensors that `InitScheme.changes` names (fnmatch patterns over them):
+# "<side>.<kind>.<q|k|v|out|fc1|fc2>" (branch weights), "<side>.<kind>.omega",
+# "<side>.<kind>.alpha" with side encoder|decoder and kind self_attn|cross_attn|ffn, and
+# "embedding.<encoder|decoder|output>" (the token tables and the output matrix).
+BRANCH_WEIGHTS = ("*.q", "*.k", "*.v", "*.out", "*.fc1", "*.fc2")
 
 
 class SublayerHandle(Protocol):
@@ -64,6 +71,11 @@ class InitScheme:
     """Base class of the schemes. Subclasses set `name` and `placements` and implement `apply`;
     the other hooks have neutral defaults.
 
+    options: its typed options, the dataclass `cfg.init` is an instance of: a subclass of
+      runner.config.InitConfig declared in the scheme's file (choices as Literal types,
+      @runner.config.options.options), named by conf/init/<name>.yaml's defaults list.
+    changes: what apply() changes relative to the xavier baseline from the same seed, as role
+      patterns (BRANCH_WEIGHTS above); tests/init/test_init_structure.py checks it.
     placements: the norm placements the scheme is defined for. Both stacks' placements (with
       norm.encoder_placement / norm.decoder_placement) must be among them; None = any.
     requirements(cfg): further rules, one line per violation, each naming the override to change.
@@ -77,6 +89,8 @@ class InitScheme:
     """
 
     name: ClassVar[str] = ""
+    options: ClassVar[type[InitConfig]] = InitConfig
+    changes: ClassVar[tuple[str, ...]] = ()
     placements: ClassVar[Optional[tuple[str, ...]]] = None
     placement_hint: ClassVar[str] = ""  # why the placement is required, for the error line
     # The tasks (config `task`) the scheme states a rule for; a decoder-only LM needs a rule for

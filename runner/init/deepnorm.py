@@ -4,14 +4,26 @@ v/out/fc1/fc2 drawn Xavier-normal with gain beta (q/k gain 1), with the encoder-
 of the paper."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 from torch import nn
 
-from runner.init.base import InitScheme
+from runner.config import InitConfig
+from runner.config.options import options
+from runner.init.base import BRANCH_WEIGHTS, InitScheme
 from runner.init.common import branch_linears, fairseq_xavier, store_effective_, t5_qk_adjust_
 from runner.model.sublayer import ResidualSpec
 
 BETA_SCALED = ("v", "out", "fc1", "fc2")
+
+
+@options
+@dataclass
+class DeepNormOptions(InitConfig):
+    # paper (0.87 encoder beta, default) | torchscale (1.15, microsoft/torchscale)
+    deepnorm_variant: Literal["paper", "torchscale"] = "paper"
 
 
 def constants(encoder_layers: int, decoder_layers: int, variant: str = "paper") -> dict:
@@ -35,6 +47,8 @@ def decoder_only_constants(layers: int) -> dict:
 
 class DeepNorm(InitScheme):
     name = "deepnorm"
+    options = DeepNormOptions
+    changes = (*BRANCH_WEIGHTS, "*.omega")
     tasks = ("translation", "lm")
     placements = ("post",)
     placement_hint = "DeepNorm up-weights the Post-LN shortcut"

@@ -32,11 +32,23 @@ encoder and decoder each use their own m (the reference is a decoder-only stack)
 default Xavier at every depth (Depth-muP keeps the hidden init variance independent of depth)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from runner.config import InitConfig
 from runner.init.base import InitScheme, ParamGroup
 from runner.init.common import fairseq_xavier
 from runner.model.sublayer import ResidualSpec
+
+
+@dataclass
+class DepthMuPOptions(InitConfig):
+    # a in x_{l+1} = x_l + m^-a F_l(x_l): 0.5 Depth-muP (Yang et al., ICLR 2024), 1.0 CompleteP
+    # (Dey et al. 2025); any a in [0.5, 1] accepted
+    depth_mup_exponent: float = 0.5
+    # L_base, the depth the learning rate was tuned at; 6 = the tiny preset's depth (the CPU default)
+    depth_mup_base_layers: int = 6
 
 
 def depth_multiplier(cfg, side: str) -> float:
@@ -78,6 +90,8 @@ def branch_parameters(ref) -> list:
 class DepthMuP(InitScheme):
     tasks = ("translation", "lm")
     name = "depth_mup"
+    options = DepthMuPOptions
+    changes = ("*.alpha",)  # m^-a: 2 layers against the default base of 6 gives sqrt(3)
     placements = ("pre",)
     placement_hint = "Depth-muP and CompleteP are derived for Pre-LN residual stacks"
 

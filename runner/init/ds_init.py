@@ -5,12 +5,24 @@ stack) is Xavier-uniform with its bound shrunk by l^-1/2 (the paper's formula, d
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 
-from runner.init.base import InitScheme
+from runner.config import InitConfig
+from runner.config.options import options
+from runner.init.base import BRANCH_WEIGHTS, InitScheme
 from runner.init.common import branch_linears, fairseq_xavier, store_effective_, t5_qk_adjust_
+
+
+@options
+@dataclass
+class DSInitOptions(InitConfig):
+    # paper (l^-1/2, default) | code (l^-1/4, bzhangGo/zero)
+    ds_init_form: Literal["paper", "code"] = "paper"
+    ds_init_gain: float = 1.0
 
 
 def bound(fan_in: int, fan_out: int, layer: int, form: str, gain: float) -> float:
@@ -26,6 +38,8 @@ def bound(fan_in: int, fan_out: int, layer: int, form: str, gain: float) -> floa
 class DSInit(InitScheme):
     tasks = ("translation", "lm")
     name = "ds_init"
+    options = DSInitOptions
+    changes = BRANCH_WEIGHTS  # embeddings and the output matrix keep N(0, d^-1/2)
 
     @torch.no_grad()
     def apply(self, model, cfg, batch=None) -> dict:

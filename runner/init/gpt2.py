@@ -12,7 +12,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-from runner.init.base import InitScheme
+from runner.init.base import BRANCH_WEIGHTS, InitScheme
 from runner.init.common import branch_linears, reset_norms_and_scales, unique_tables
 
 STD = 0.02  # nanoGPT model.py _init_weights (GPT-2's initializer_range)
@@ -21,6 +21,7 @@ RESIDUAL_WRITERS = ("out", "fc2")  # nanoGPT's c_proj of attention and MLP
 
 class GPT2(InitScheme):
     name = "gpt2"
+    changes = (*BRANCH_WEIGHTS, "embedding.*")  # N(0, 0.02) everywhere, the residual writers smaller
     tasks = ("translation", "lm")
 
     @torch.no_grad()

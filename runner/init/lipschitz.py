@@ -5,12 +5,20 @@ norm.embedding_norm=true), v2 = Pre-LN (norm=pre)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from runner.init.base import InitScheme, stack_placements
+from runner.config import InitConfig
+from runner.init.base import BRANCH_WEIGHTS, InitScheme, stack_placements
 from runner.init.common import branch_linears, fairseq_xavier, store_effective_, t5_qk_adjust_, unique_tables
+
+
+@dataclass
+class LipschitzOptions(InitConfig):
+    # bound = scale * sqrt(1/fan_in) (hfxunlp/transformer utils/init/base.py)
+    lipschitz_scale: float = 1.0
 
 
 def order(cfg) -> str:
@@ -19,6 +27,8 @@ def order(cfg) -> str:
 
 class Lipschitz(InitScheme):
     name = "lipschitz"
+    options = LipschitzOptions
+    changes = (*BRANCH_WEIGHTS, "embedding.*")
     task_hint = ("Xu et al. 2020 state the Lipschitz init for the encoder-decoder model only")
 
     def requirements(self, cfg) -> list[str]:

@@ -11,9 +11,18 @@ The variants share this module's machinery:
   until it reaches 1. Any of the schemes above ramps when init.alpha_ramp_step > 0."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from runner.config import InitConfig
 from runner.init.base import InitScheme
 from runner.init.common import fairseq_xavier, fill_alpha
 from runner.model.sublayer import ResidualSpec
+
+
+@dataclass
+class AlphaOptions(InitConfig):
+    # alpha rises by this step per update until 1 (Su 2021, kexue.fm/archives/8620); 0 = learned alpha
+    alpha_ramp_step: float = 0.0
 
 
 def ramping(cfg) -> bool:
@@ -37,6 +46,8 @@ class AlphaScheme(InitScheme):
     """Weights as the default Xavier, every branch scale alpha = 0; alpha trained, or ramped
     when init.alpha_ramp_step > 0."""
 
+    options = AlphaOptions
+    changes = ("*.alpha",)
     alpha_per_layer: bool = True
     rule: str = ""
 

@@ -4,12 +4,20 @@ the fixed step init.alpha_ramp_step after every update until it reaches 1, then 
 trained. See runner/init/rezero.py."""
 from __future__ import annotations
 
-from runner.init.rezero import AlphaScheme
+from dataclasses import dataclass
+
+from runner.init.rezero import AlphaOptions, AlphaScheme
+
+
+@dataclass
+class ReZeroRampOptions(AlphaOptions):
+    alpha_ramp_step: float = 0.001  # the ramp needs a positive step (conf/init/rezero_ramp.yaml)
 
 
 class ReZeroRamp(AlphaScheme):
     tasks = ("translation", "lm")
     name = "rezero_ramp"
+    options = ReZeroRampOptions
     placements = ("none",)
     placement_hint = "ReZero removes layer normalization"
     rule = "fixed-step alpha ramp (Su 2021, kexue.fm/archives/8620, not from a paper): no norm, alpha 0 -> 1"

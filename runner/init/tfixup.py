@@ -31,6 +31,8 @@ SCALED = ("v", "out", "fc1", "fc2")
 
 class TFixup(InitScheme):
     name = "tfixup"
+    # q/k and an untied output matrix keep the baseline
+    changes = ("*.v", "*.out", "*.fc1", "*.fc2", "embedding.encoder", "embedding.decoder")
     task_hint = ("T-Fixup (Huang et al. 2020, Sec. 3) states factors for an encoder and for an "
                  "encoder-decoder's decoder (with cross-attention), not for a decoder-only stack")
     placements = ("none",)

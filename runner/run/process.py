@@ -29,6 +29,7 @@ from runner.config import ConfigError, config_from_yaml
 from runner.config.paths import config_dir
 from runner.console import file_log
 from runner.data.corpus import CorpusError
+from runner.init import options_class
 from runner.run import attempt
 from runner.run.train import train
 
@@ -55,7 +56,7 @@ def main(argv: Sequence[str]) -> int:
     attempt.begin_attempt(run_dir)  # a rerun reads as running, not as its last failure
     resume = True
     try:
-        cfg = config_from_yaml(run_dir / ".hydra" / "config.yaml")
+        cfg = config_from_yaml(run_dir / ".hydra" / "config.yaml", options_class)
         resume = cfg.trainer.resume
         train(cfg, run_dir)
     except (ConfigError, CorpusError) as err:

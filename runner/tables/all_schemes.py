@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runner.tables.claims import selector_matches
 from runner.tables.combined import TableRows, write_combined
-from runner.tables.evidence import selector_matches
 from runner.tables.plan import real_suite
 from runner.tables.targets import TARGETS
 

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from runner.decode.signature import signature_note
 from runner.files import atomic_write_text
 from runner.sweep.report import markdown_table
-from runner.tables.evidence import holm, paired_t_test, selector_matches, summarize
+from runner.tables.claims import selector_matches
 from runner.tables.report import (
     BLEU_LAST_NOTE,
     MEAN_WORDS,
@@ -23,6 +23,7 @@ from runner.tables.report import (
     provenance,
 )
 from runner.tables.rulebook import NOT_TRAINED
+from runner.tables.statistics import holm, paired_t_test, summarize
 from runner.tables.suite import SuiteCell, cell_outcome, finite_mean, finite_values, results_dir, suite_decodes
 
 

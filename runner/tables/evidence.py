@@ -1,4 +1,5 @@
-"""Statistics over seeds and pre-registered claim verdicts for reproduction tables.
+"""Pre-registered claim verdicts for reproduction tables (the statistics they use:
+runner/tables/statistics.py; claims and records: runner/tables/claims.py).
 
 Each trained cell (one seed of one arm) is a `Record`; a paper's claim is a `Claim` (written in a
 YAML file before the runs, hence "pre-registered"); `judge` turns a claim and the records into a
@@ -99,6 +100,26 @@ Decision rules (`judge`)
        per `across` value; a shared best that is not every seed's best reads inconclusive [v1:
        not asked].
 
+    "matches" (A and B are equivalent within the claim's `margin`, in the metric's units; e.g.
+       DyT matches LayerNorm): cells of an arm that did not train where the other's did settle it
+       (not reproduced). Otherwise the paired differences are tested for equivalence by two
+       one-sided paired t-tests against -margin and +margin (`tost_paired`): reproduced when both
+       reject at 0.05; not reproduced when the 95% paired-t interval lies wholly outside the margin;
+       "underpowered" when the margin is narrower than the half-width of the 90% paired-t interval
+       (so even an observed difference of 0 could not show equivalence); inconclusive otherwise.
+
+    "less_spread" (A's seed-to-seed spread of the metric is below B's; e.g. Peri-LN's loss over
+       seeds against Pre-LN's): cells that did not train settle it as for "better". Otherwise the
+       one-sided F-test of var(B) / var(A) over the ok seeds (`variance_ratio_test`): reproduced
+       when p < 0.05; not reproduced when the reverse test (A spreads more) has p < 0.05;
+       "underpowered" when the claim's `paper_effect` (a variance ratio) is below the ratio the
+       test detects at 80% power (`detectable_variance_ratio`; with 3 seeds per arm it is 76);
+       inconclusive otherwise.
+
+    Loss spikes: the metric "loss_spikes" of a record is the number of runs of logged training
+    losses more than the rule book's `spike_margin` above the lowest loss logged before them
+    (`loss_spikes`), read from the record's training curve; a record without one has no value.
+
 A claim may carry `added`: when and why it was written if not before every run of its arms (e.g. a
 second reading of a paper's "failed" after a first seed showed a plateau rather than a blow-up).
 Reports print it beside the verdict, and such a claim never replaces the one it complements.
@@ -109,31 +130,40 @@ true into "true"), as arm axes are recorded as strings.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from fractions import Fraction
 from functools import partial
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import stats
 
 from runner.console import fmt
-from runner.run.status import FAILED_TO_TRAIN, OK
-from runner.tables.rulebook import CURRENT, NOT_TRAINED, OUTCOMES, TRAINED, RuleBook, rulebook
+from runner.run.status import FAILED_TO_TRAIN
+from runner.tables.claims import (
+    KINDS,
+    STATUSES,
+    TWO_ARM_KINDS,
+    Claim,
+    Record,
+    Selected,
+    Verdict,
+    selector_matches,
+)
+from runner.tables.rulebook import CURRENT, NOT_TRAINED, RuleBook, rulebook
+from runner.tables.statistics import (
+    bootstrap_mean_ci,
+    detectable_variance_ratio,
+    holm,
+    min_detectable_effect,
+    paired_t_test,
+    pairs_needed,
+    sign_test,
+    summarize,
+    tost_paired,
+    variance_ratio_test,
+)
 
-# a Record's status: its outcome under the rule book, "ok" for trained: a way of not training
-# (rule book v2 adds collapsed and below_bar; v1 records only diverged and stalled), or "failed"
-# (a crash: not evidence)
-STATUSES = tuple(OK if o == TRAINED else o for o in OUTCOMES)
 # a difference, a mean of differences or an interval's end: signed, 2 decimals, e-notation below 0.01
 _signed = partial(fmt, spec="+.2f", small=0.01, small_spec="+.2e")
-KINDS = ("better", "diverges", "trains", "fails_to_train", "more_diverged", "more_failed", "same_best")
-TWO_ARM_KINDS = ("better", "more_diverged", "more_failed")
-METRIC_KINDS = ("better", "same_best")  # the kinds that compare `metric`
-# what a claim's `metric` can name: the metrics each Record carries (runner/tables/suite.py)
-METRICS = ("bleu", "sacrebleu", "best_valid_loss", "bleu_last")
-VERDICTS = ("reproduced", "not reproduced", "underpowered", "inconclusive", "not run")
-
 # Fixed for every verdict: changing them after the runs would be choosing the answer.
 _LEVEL = 0.95
 _RESAMPLES = 10000
@@ -141,322 +171,8 @@ _SEED = 0
 _ALPHA = 0.05
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-@dataclass(frozen=True)
-class Summary:
-    """One metric over seeds: count, mean, sample std (ddof=1) and the 95% Student-t CI of the mean."""
-
-    n: int
-    mean: float | None
-    std: float | None  # sample std, ddof=1; None when n < 2
-    ci_low: float | None  # Student-t CI of the mean; None when n < 2
-    ci_high: float | None
-
-
-def _as_finite_array(values: Sequence[float]) -> np.ndarray:
-    x = np.asarray(list(values), dtype=float)
-    if x.ndim != 1:
-        raise ValueError(f"expected a flat sequence of numbers, got shape {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError(f"values must be finite, got {x.tolist()}")
-    return x
-
-
-def _check_level(level: float) -> None:
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-
-
-def bootstrap_mean_ci(values: Sequence[float], level: float = 0.95, resamples: int = 10000,
-                      seed: int = 0, min_values: int = 10) -> tuple[float, float]:
-    """Percentile-bootstrap confidence interval of the mean of `values` (Efron & Tibshirani 1993, ch. 13).
-
-    Draws `resamples` samples of len(values) with replacement using numpy.random.default_rng(seed),
-    takes each one's mean, and returns the (1-level)/2 and (1+level)/2 quantiles of those means.
-    Deterministic for a fixed seed. Needs at least `min_values` finite values (10): with fewer,
-    the percentile interval is close to the range of the values (with 3, exactly [min, max]) and
-    covers the mean far less often than its level says. Only rule book v1's verdicts, kept beside
-    the current ones, call it with fewer (min_values=2).
-    """
-    x = _as_finite_array(values)
-    _check_level(level)
-    if x.size < max(2, min_values):
-        raise ValueError(f"a bootstrap CI needs at least {max(2, min_values)} values, got {x.size}")
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    # All equal: every resample has the same mean. Return the value itself rather than a sum / n
-    # that may differ from it in the last bit.
-    if np.all(x == x[0]):
-        return float(x[0]), float(x[0])
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.size, size=(resamples, x.size))
-    means = x[idx].mean(axis=1)
-    alpha = 1.0 - level
-    lo, hi = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
-    return float(lo), float(hi)
-
-
-def summarize(values: Sequence[float], level: float = 0.95) -> Summary:
-    """Summary of `values` (one metric over seeds): n, mean, sample std (ddof=1) and the Student-t
-    confidence interval of the mean (`t_mean_ci`). std and the interval are None when n < 2; mean
-    is None when n == 0."""
-    x = _as_finite_array(values)
-    n = int(x.size)
-    if n == 0:
-        return Summary(n=0, mean=None, std=None, ci_low=None, ci_high=None)
-    mean = float(x.mean())
-    if n < 2:
-        return Summary(n=n, mean=mean, std=None, ci_low=None, ci_high=None)
-    lo, hi = t_mean_ci(x, level=level)
-    return Summary(n=n, mean=mean, std=float(x.std(ddof=1)), ci_low=lo, ci_high=hi)
-
-
-def t_mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """Student's t confidence interval of the mean: mean -/+ t_{(1+level)/2, n-1} * s / sqrt(n)
-    (scipy.stats.t). Its coverage is `level` when the values are normal; with 2 or 3 seeds it is
-    wide (t = 12.7 and 4.3), as it must be."""
-    x = _as_finite_array(values)
-    _check_level(level)
-    if x.size < 2:
-        raise ValueError(f"a t interval needs at least 2 values, got {x.size}")
-    mean = float(x.mean())
-    if np.all(x == x[0]):
-        return float(x[0]), float(x[0])
-    half = float(stats.t.ppf((1 + level) / 2, x.size - 1)) * float(x.std(ddof=1)) / math.sqrt(x.size)
-    return mean - half, mean + half
-
-
-def paired_t_test(diffs: Sequence[float], alternative: str = "greater") -> float:
-    """p-value of a paired t-test on `diffs` (A - B per seed, signed so that positive means A
-    better): one-sided that their mean is greater than 0 by default, or "two-sided"
-    (scipy.stats.ttest_1samp). All-equal differences have no spread: p is 0 when they are nonzero
-    in the tested direction, 1 otherwise."""
-    x = _as_finite_array(diffs)
-    if x.size < 2:
-        raise ValueError(f"a paired t-test needs at least 2 pairs, got {x.size}")
-    if alternative not in ("greater", "two-sided"):
-        raise ValueError(f"alternative must be 'greater' or 'two-sided', got {alternative!r}")
-    if np.all(x == x[0]):
-        return 0.0 if (x[0] > 0 or (alternative == "two-sided" and x[0] != 0)) else 1.0
-    return float(stats.ttest_1samp(x, 0.0, alternative=alternative).pvalue)
-
-
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test
-    procedure"), in the order given: the i-th smallest p times (m - i + 1), capped at 1 and made
-    non-decreasing along the sorted order. Rejecting where the adjusted p < alpha controls the
-    family-wise error rate at alpha. (Written here: scipy.stats offers only false-discovery
-    control, and statsmodels would be a large dependency for these few lines.)"""
-    m = len(pvalues)
-    order = sorted(range(m), key=lambda i: pvalues[i])
-    adjusted = [0.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
-        adjusted[i] = running
-    return adjusted
-
-
-def t_test_power(effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
-    """Power of the one-sided paired t-test at `alpha` with n pairs when the true mean difference
-    is `effect` and the differences' SD is `sd`: P(T' > t_{1-alpha, n-1}) for T' noncentral t with
-    n-1 degrees of freedom and noncentrality effect * sqrt(n) / sd (scipy.stats.nct)."""
-    if n < 2 or sd <= 0:
-        raise ValueError(f"power needs n >= 2 and sd > 0, got n={n}, sd={sd}")
-    crit = stats.t.ppf(1 - alpha, n - 1)
-    return float(stats.nct.sf(crit, n - 1, effect * math.sqrt(n) / sd))
-
-
-def min_detectable_effect(sd: float, n: int, alpha: float = 0.05, power: float = 0.80) -> float:
-    """The smallest true mean difference that the one-sided paired t-test at `alpha` with n pairs
-    detects with probability `power`, given the differences' SD (scipy.optimize.brentq on
-    `t_test_power`)."""
-    if sd <= 0:
-        raise ValueError(f"sd must be > 0, got {sd}")
-    gap = lambda d: t_test_power(d, sd, n, alpha) - power
-    hi = sd
-    while gap(hi) < 0:
-        hi *= 2.0
-    return float(optimize.brentq(gap, 0.0, hi, xtol=1e-12 * sd))
-
-
-def pairs_needed(sd: float, effect: float, alpha: float = 0.05, power: float = 0.80,
-                 most: int = 200) -> Optional[int]:
-    """The fewest seed pairs whose one-sided paired t-test detects `effect` with `power`, given the
-    differences' SD (None when `most` pairs are not enough, or effect or sd is not positive)."""
-    if effect <= 0 or sd <= 0:
-        return None
-    for n in range(2, most + 1):
-        if t_test_power(effect, sd, n, alpha) >= power:
-            return n
-    return None
-
-
-def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: float = 0.95) -> Summary:
-    """Summary of a[s] - b[s] over the seeds s present in both `a` and `b` (metric by seed), with
-    the paired Student-t interval of the mean difference.
-
-    Pairing by seed (same seed = same data order and initial draw) removes the variance both arms
-    share; seeds present in only one mapping are left out.
-    """
-    common = sorted(set(a) & set(b))
-    return summarize([a[s] - b[s] for s in common], level=level)
-
-
-def sign_test(wins: int, losses: int) -> float:
-    """Exact two-sided sign test p-value of `wins` against `losses` under Binomial(wins + losses, 1/2).
-
-    p = min(1, 2 * P(X >= max(wins, losses))) (Conover 1999, sec. 3.4); ties are excluded by the
-    caller. 1.0 when wins + losses == 0 (no evidence either way).
-    """
-    if wins < 0 or losses < 0:
-        raise ValueError(f"wins and losses must be >= 0, got {wins}, {losses}")
-    n = wins + losses
-    if n == 0:
-        return 1.0
-    k = max(wins, losses)
-    # Exact rational arithmetic: no rounding in the tail sum, however many pairs.
-    tail = Fraction(sum(math.comb(n, i) for i in range(k, n + 1)), 2**n)
-    return float(min(Fraction(1), 2 * tail))
-
-
-# --------------------------------------------------------------------------- records and claims
-
-
-@dataclass(frozen=True)
-class Record:
-    """One trained cell: one seed of one arm, its final status and its metrics."""
-
-    arm: dict[str, str]  # the arm's axes, e.g. {"method": "admin", "warmup": "none"} (everything except the seed)
-    seed: int
-    status: str  # one of STATUSES
-    metrics: dict[str, float | None] = field(default_factory=dict)
-
-
-Selected = str | tuple[str, ...]  # one selector value: the arm's value, or any of several
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A paper's claim, pre-registered: which arms it compares, how, and on which metric."""
-
-    id: str
-    text: str  # the paper's claim in words, with its source (table/figure)
-    kind: str  # one of KINDS
-    a: dict[str, Selected]  # selector of arm A (subset match on Record.arm)
-    b: dict[str, Selected] | None = None  # selector of arm B (TWO_ARM_KINDS)
-    metric: str = "bleu"  # "better", "same_best": the metric compared
-    higher_is_better: bool = True
-    over: str | None = None  # "same_best": the setting whose best value is compared (e.g. optim.lr)
-    across: str | None = None  # "same_best": the axis it must transfer across (e.g. model.layers)
-    added: str | None = None  # when and why, for a claim not written before every run of its arms
-    min_bleu: float | None = None  # "trains"/"fails_to_train": an "ok" cell below this BLEU is not trained
-    bleu_metric: str = "bleu"  # the metric min_bleu reads: "bleu" (averaged checkpoints) or "bleu_last"
-    # "better": the effect the paper reports, in the metric's units, positive = A better (e.g.
-    # 28.58 - 28.26 = 0.32 BLEU); rule book v2 compares it with the minimum detectable effect
-    paper_effect: float | None = None
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The verdict on one claim, with one line of what was measured and the numbers behind it."""
-
-    claim: Claim
-    verdict: str  # "reproduced" | "not reproduced" | "inconclusive" | "not run"
-    measured: str
-    details: dict = field(default_factory=dict)
-
-
-def _selector_value(v: Any) -> str:
-    # YAML reads `true` as a bool and `6` as an int; arms record axes as strings.
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
-
-
-def _selector(d: Any, what: str) -> dict[str, Selected]:
-    if not isinstance(d, Mapping):
-        raise ValueError(f"claim {what} must be a mapping of axis to value, got {d!r}")
-    out: dict[str, Selected] = {}
-    for k, v in d.items():
-        if isinstance(v, Sequence) and not isinstance(v, str):
-            if not v or any(isinstance(x, (Mapping, list, tuple)) for x in v):
-                raise ValueError(f"claim {what}: {k} must be a value or a non-empty list of values, got {v!r}")
-            out[str(k)] = tuple(_selector_value(x) for x in v)
-        else:
-            out[str(k)] = _selector_value(v)
-    return out
-
-
-_CLAIM_KEYS = ("id", "text", "kind", "a", "b", "metric", "higher_is_better", "over", "across",
-               "added", "min_bleu", "bleu_metric", "paper_effect")
-BLEU_METRICS = ("bleu", "bleu_last")  # what min_bleu can read
-
-
-def claim_from_dict(d: Mapping) -> Claim:
-    """A `Claim` from a YAML mapping with the same keys as its fields.
-
-    Raises ValueError naming an unknown kind, an unknown key (a typo would otherwise silently
-    change the claim), a missing required key, or a missing `b` for kinds that compare two arms.
-    """
-    unknown = sorted(set(d) - set(_CLAIM_KEYS))
-    if unknown:
-        raise ValueError(f"claim {d.get('id', '?')!r}: unknown key(s) {unknown}; known: {list(_CLAIM_KEYS)}")
-    missing = [k for k in ("id", "text", "kind", "a") if k not in d]
-    if missing:
-        raise ValueError(f"claim {d.get('id', '?')!r}: missing key(s) {missing}")
-    kind = str(d["kind"])
-    if kind not in KINDS:
-        raise ValueError(f"claim {d['id']!r}: unknown kind {kind!r}; known: {list(KINDS)}")
-    b = d.get("b")
-    if kind in TWO_ARM_KINDS and b is None:
-        raise ValueError(f"claim {d['id']!r}: kind {kind!r} needs a selector b")
-    if kind == "same_best" and not (d.get("over") and d.get("across")):
-        raise ValueError(f"claim {d['id']!r}: kind 'same_best' needs `over` and `across` axes")
-    min_bleu = d.get("min_bleu")
-    if min_bleu is not None:
-        if kind not in ("trains", "fails_to_train"):
-            raise ValueError(f"claim {d['id']!r}: min_bleu applies to kinds 'trains' and 'fails_to_train' only, "
-                             f"not {kind!r}")
-        if isinstance(min_bleu, bool) or not isinstance(min_bleu, (int, float)) or not 0 <= min_bleu <= 100:
-            raise ValueError(f"claim {d['id']!r}: min_bleu must be a number from 0 to 100, got {min_bleu!r}")
-    bleu_metric = str(d.get("bleu_metric", "bleu"))
-    if "bleu_metric" in d and min_bleu is None:
-        raise ValueError(f"claim {d['id']!r}: bleu_metric names the metric that min_bleu reads; set min_bleu too")
-    if bleu_metric not in BLEU_METRICS:
-        raise ValueError(f"claim {d['id']!r}: bleu_metric must be one of {list(BLEU_METRICS)}, got {bleu_metric!r}")
-    if str(d.get("metric", "bleu")) not in METRICS:
-        raise ValueError(f"claim {d['id']!r}: metric must be one of {list(METRICS)}, got {d.get('metric')!r}")
-    paper_effect = d.get("paper_effect")
-    if paper_effect is not None:
-        if kind != "better":
-            raise ValueError(f"claim {d['id']!r}: paper_effect applies to kind 'better' only, not {kind!r}")
-        if isinstance(paper_effect, bool) or not isinstance(paper_effect, (int, float)) or paper_effect <= 0:
-            raise ValueError(f"claim {d['id']!r}: paper_effect must be a positive number (the paper's "
-                             f"difference, A better), got {paper_effect!r}")
-    higher = d.get("higher_is_better", True)
-    if not isinstance(higher, bool):
-        raise ValueError(f"claim {d['id']!r}: higher_is_better must be true or false, got {higher!r}")
-    return Claim(id=str(d["id"]), text=str(d["text"]), kind=kind, a=_selector(d["a"], "a"),
-                 b=None if b is None else _selector(b, "b"), metric=str(d.get("metric", "bleu")),
-                 higher_is_better=higher,
-                 over=None if d.get("over") is None else str(d["over"]),
-                 across=None if d.get("across") is None else str(d["across"]),
-                 added=None if d.get("added") is None else str(d["added"]),
-                 min_bleu=None if min_bleu is None else float(min_bleu), bleu_metric=bleu_metric,
-                 paper_effect=None if paper_effect is None else float(paper_effect))
-
 
 # --------------------------------------------------------------------------- judging
-
-
-def selector_matches(arm: Mapping[str, Any], selector: Mapping[str, Selected]) -> bool:
-    """Whether an arm has every key of `selector` with its value (or one of its values, for a list)."""
-    def one(actual: str, wanted: Selected | list[str]) -> bool:
-        return actual in wanted if isinstance(wanted, (tuple, list)) else actual == wanted
-    return all(k in arm and one(str(arm[k]), v) for k, v in selector.items())
 
 
 def _select(records: Sequence[Record], selector: Mapping[str, Selected]) -> list[Record]:
@@ -610,6 +326,116 @@ def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
     return Verdict(claim, verdict, measured, details)
 
 
+def _ok_diffs(claim: Claim, pairs: Sequence[tuple[Record, Record]]) -> list[tuple[int, float]]:
+    """(seed, A - B) of the claim's metric over the pairs where both cells are ok with a finite
+    value, signed so that positive means A better."""
+    sign = 1.0 if claim.higher_is_better else -1.0
+    diffs = []
+    for ra, rb in pairs:
+        va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
+        if ra.status != "ok" or rb.status != "ok" or va is None or vb is None:
+            continue
+        if not (math.isfinite(va) and math.isfinite(vb)):
+            continue
+        diffs.append((ra.seed, sign * (float(va) - float(vb))))
+    return diffs
+
+
+def _bad_cells(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook
+               ) -> tuple[list[tuple[Record, Record]], dict[str, Any], str, Optional[str]]:
+    """The seed pairs of a two-arm comparison, its details, a line counting the cells of each arm
+    that did not train, and the verdict those settle alone ("reproduced" when only B has such cells,
+    "not reproduced" when A has more; None when the metric must decide)."""
+    pairs, info = _pair(claim, a, b)
+    bad = _bad_statuses(book)
+    a_bad = sum(ra.status in bad for ra, _ in pairs)
+    b_bad = sum(rb.status in bad for _, rb in pairs)
+    la, lb = _label(claim.a), _label(claim.b or {})
+    details: dict[str, Any] = {"a_n": len(a), "a_bad": a_bad, "b_n": len(b), "b_bad": b_bad, **info}
+    line = (f"{'/'.join(s.replace('_', ' ') for s in bad)}: {la} {a_bad} of {len(pairs)}, "
+            f"{lb} {b_bad} of {len(pairs)}")
+    settled = ("reproduced" if b_bad > a_bad == 0 else "not reproduced" if a_bad > b_bad else None)
+    return pairs, details, line, settled
+
+
+def _judge_matches(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook) -> Verdict:
+    """Equivalence of A and B within the claim's margin (rule book v2, paired TOST)."""
+    pairs, details, bad_line, settled = _bad_cells(claim, a, b, book)
+    if settled is not None:
+        # one arm fails to train where the other trains: they do not match
+        return Verdict(claim, "not reproduced", bad_line, details)
+    diffs = _ok_diffs(claim, pairs)
+    la, lb = _label(claim.a), _label(claim.b or {})
+    margin = float(claim.margin or 0.0)
+    details.update({"paired": len(diffs), "margin": margin})
+    if len(diffs) < 2:
+        return Verdict(claim, "inconclusive",
+                       f"{claim.metric}: only {len(diffs)} paired ok seed(s) with the metric, need 2", details)
+    values = [d for _, d in diffs]
+    s = summarize(values, level=book.level)
+    assert s.mean is not None and s.std is not None and s.ci_low is not None and s.ci_high is not None
+    p = tost_paired(values, margin)
+    # the half-width of the (1 - 2 alpha) interval: the TOST cannot pass with a margin narrower
+    # than this, even when the observed difference is 0
+    half = float(stats.t.ppf(1 - book.alpha, s.n - 1)) * s.std / math.sqrt(s.n)
+    details.update({"mean_diff": s.mean, "std_diff": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high,
+                    "level": book.level, "p_tost": p, "half_width": half,
+                    "diffs": {str(seed): d for seed, d in diffs}})
+    if p < book.alpha:
+        verdict = "reproduced"
+    elif s.ci_low > margin or s.ci_high < -margin:
+        verdict = "not reproduced"
+    elif margin < half:
+        verdict = "underpowered"
+    else:
+        verdict = "inconclusive"
+    sign = "" if claim.higher_is_better else ", lower is better"
+    head = f"{la} - {lb}" if claim.higher_is_better else f"{lb} - {la}"  # positive = A better
+    measured = (f"{head} {claim.metric} {_signed(s.mean)} [95% paired t {_signed(s.ci_low)}, "
+                f"{_signed(s.ci_high)}] over {s.n} paired seeds{sign} ({_seed_pairs(diffs)}); equivalence "
+                f"margin +/-{margin:g}: TOST p={p:.3g}; the narrowest margin {s.n} seeds could show: "
+                f"{half:.3g}")
+    return Verdict(claim, verdict, measured, details)
+
+
+def _judge_less_spread(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook) -> Verdict:
+    """A's seed-to-seed spread of the metric below B's (rule book v2, one-sided F-test)."""
+    _, details, bad_line, settled = _bad_cells(claim, a, b, book)
+    if settled is not None:
+        return Verdict(claim, settled, bad_line, details)
+    la, lb = _label(claim.a), _label(claim.b or {})
+
+    def ok_values(recs: Sequence[Record]) -> list[float]:
+        return [float(r.metrics[claim.metric]) for r in recs if r.status == "ok"
+                and r.metrics.get(claim.metric) is not None and math.isfinite(r.metrics[claim.metric])]
+
+    va, vb = ok_values(a), ok_values(b)
+    details.update({"a_values": va, "b_values": vb})
+    if len(va) < 2 or len(vb) < 2:
+        return Verdict(claim, "inconclusive", f"{claim.metric}: {len(va)} ok seeds of {la} and {len(vb)} of "
+                       f"{lb} with the metric, need 2 each", details)
+    sd_a, sd_b = float(np.std(va, ddof=1)), float(np.std(vb, ddof=1))
+    p = variance_ratio_test(va, vb)
+    p_reverse = variance_ratio_test(vb, va)
+    detectable = detectable_variance_ratio(len(va), len(vb), book.alpha, book.power)
+    details.update({"sd_a": sd_a, "sd_b": sd_b, "p": p, "p_reverse": p_reverse,
+                    "detectable_ratio": detectable})
+    if p < book.alpha:
+        verdict = "reproduced"
+    elif p_reverse < book.alpha:
+        verdict = "not reproduced"
+    elif claim.paper_effect is not None and claim.paper_effect < detectable:
+        verdict = "underpowered"
+    else:
+        verdict = "inconclusive"
+    ratio = "inf" if sd_a == 0 else f"{(sd_b / sd_a) ** 2:.3g}"
+    measured = (f"{claim.metric} SD over seeds: {la} {sd_a:.3g} ({len(va)} ok seeds), {lb} {sd_b:.3g} "
+                f"({len(vb)}); variance ratio B/A {ratio}, one-sided F-test p={p:.3g}; ratio detectable "
+                f"at {book.power:.0%} power: {detectable:.3g}"
+                + (f" (paper's: {claim.paper_effect:g})" if claim.paper_effect is not None else ""))
+    return Verdict(claim, verdict, measured, details)
+
+
 def _seed_pairs(diffs: Sequence[tuple[int, float]]) -> str:
     return ", ".join(f"seed {seed} {_signed(d)}" for seed, d in diffs)
 
@@ -635,15 +461,7 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
         if a_bad > b_bad:
             return Verdict(claim, "not reproduced", bad_line, details)
 
-    sign = 1.0 if claim.higher_is_better else -1.0
-    diffs: list[tuple[int, float]] = []  # (seed, A - B signed so that positive means A better)
-    for ra, rb in pairs:
-        va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
-        if ra.status != "ok" or rb.status != "ok" or va is None or vb is None:
-            continue
-        if not (math.isfinite(va) and math.isfinite(vb)):
-            continue
-        diffs.append((ra.seed, sign * (float(va) - float(vb))))
+    diffs = _ok_diffs(claim, pairs)
     details["paired"] = len(diffs)
     # Written so that a positive number always means "A better".
     head = f"{la} - {lb}" if claim.higher_is_better else f"{lb} - {la}"
@@ -808,6 +626,10 @@ def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None =
         return _judge_more_failed(claim, a, b)
     if claim.kind == "more_failed":
         return _judge_more_failed(claim, a, b, failed=_bad_statuses(book))
+    if claim.kind == "matches":
+        return _judge_matches(claim, a, b, book)
+    if claim.kind == "less_spread":
+        return _judge_less_spread(claim, a, b, book)
     return _judge_better(claim, a, b, book)
 
 

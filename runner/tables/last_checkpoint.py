@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from runner.files import atomic_write_text
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import environment
 from runner.sweep.plan import canonical
@@ -101,13 +102,13 @@ def measure(target: str, suite_dir: Path, echo: Callable[[str], None] = print) -
 
 
 def write_table(target: str, lines: list[dict], path: Path) -> None:
-    """last-checkpoint-bleu.md from the jsonl's lines (its words name the script that first wrote
-    it, so that the committed tables stay byte for byte what they are)."""
+    """last-checkpoint-bleu.md from the jsonl's lines."""
     rows = sorted(lines, key=lambda r: (sorted(r["arm"].items()), r["seed"]))
     gains = [r["bleu_last"] - r["bleu_averaged"] for r in rows]
     text = [f"# {target}: BLEU of the last checkpoint beside the average of the last 5",
             "",
-            "Written by results/last_checkpoint_bleu.py from last-checkpoint-bleu.jsonl. Both decode "
+            f"Written by `deepinit reproduce {target} --last-checkpoint-bleu` from last-checkpoint-bleu.jsonl. "
+            "Both decode "
             "test2016 with the cell's own settings (beam, length penalty); 'averaged' is the record's "
             "BLEU (tokenized), re-decoded as a check.",
             "",
@@ -119,4 +120,4 @@ def write_table(target: str, lines: list[dict], path: Path) -> None:
                     f"| {r['bleu_last']:.2f} | {gain:+.2f} |")
     text += ["", f"{len(rows)} cells; the last checkpoint scores higher in "
                  f"{sum(g > 0 for g in gains)} of them."]
-    path.write_text("\n".join(text) + "\n")
+    atomic_write_text(path, "\n".join(text) + "\n")

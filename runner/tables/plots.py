@@ -12,7 +12,8 @@ import numpy as np
 from runner.files import atomic_path
 from runner.run.status import FAILED_TO_TRAIN
 from runner.sweep.plan import load_preset, norm_key
-from runner.tables.evidence import claim_from_dict, numeric_order, selector_matches
+from runner.tables.claims import claim_from_dict, selector_matches
+from runner.tables.evidence import numeric_order
 from runner.tables.suite import SEED_AXIS, SuiteCell, finite_values
 
 

@@ -5,7 +5,7 @@
     results/<target>/<tier>/curves.png      validation loss curves by arm
 
 A record holds what a reader needs to audit a number: the cell's overrides and seed, status,
-losses, BLEU (tokenized and sacreBLEU), updates, wall time, the validation curve, and where and
+losses, BLEU (tokenized and sacreBLEU), updates, wall time, the validation and training curves, and where and
 with what it ran (CPU or GPU name, threads, torch and deepinit versions, git commit). A later run
 of the target reuses the records it finds (same overrides, same seed) instead of training again,
 so a suite can be completed over several sittings.
@@ -102,11 +102,14 @@ def record_from_run(run_dir: Path, overrides: Sequence[str], arm: dict[str, str]
         return None
     env = folder.read_json(Path(run_dir) / "env.json") or {}
     status = run_status(result) or FAILED
-    curve = [(r["step"], r["loss"]) for r in folder.read_metrics(run_dir) if r.get("split") == "valid"]
+    metrics = folder.read_metrics(run_dir)
+    curve = [(r["step"], r["loss"]) for r in metrics if r.get("split") == "valid"]
+    # the logged training loss (each the mean over its log interval): what loss spikes are read from
+    train_curve = [(r["step"], r["loss"]) for r in metrics if r.get("split") == "train"]
     record: dict[str, Any] = {
         "overrides": sorted(overrides), "arm": dict(arm), "seed": int(seed),
         **{k: result.get(k) for k in RESULT_FIELDS}, "status": status,
-        "valid_curve": curve,
+        "valid_curve": curve, "train_curve": train_curve,
         "machine": {k: env.get(k) for k in ENV_FIELDS},
     }
     return record

@@ -12,9 +12,10 @@ import numpy as np
 from runner.decode.signature import signature_note
 from runner.files import atomic_write_text
 from runner.sweep.report import markdown_table
-from runner.tables.evidence import Summary, Verdict, summarize
+from runner.tables.claims import Verdict
 from runner.tables.plots import grid_axes, plot_curves, plot_grid, plot_transfer, transfer_panels
 from runner.tables.rulebook import blow_up_cause, describe, rulebook
+from runner.tables.statistics import Summary, summarize
 from runner.tables.suite import (
     SuiteCell,
     cell_bleu_last,

@@ -46,12 +46,30 @@ Version 2 (current):
       paired differences), else inconclusive. Every seed pair is listed.
     - "same_best": the setting with the best seed-averaged metric at each depth (as version 1),
       and also each seed's own best; reproduced only when every seed agrees with the shared best.
+    - Written after the rules above, for claims no earlier suite makes (the language-model tier),
+      so no earlier verdict changes:
+        loss spikes  a cell's count of spikes: runs of logged training losses (each the mean over
+                     its log interval) more than `spike_margin` nats above the lowest logged loss
+                     before them; read from the record's training curve ("loss_spikes").
+        "matches"    equivalence within a margin the claim states, in the metric's units: two
+                     one-sided paired t-tests (TOST, Schuirmann 1987) of the paired difference
+                     against -margin and +margin at `alpha` each. Reproduced when both reject (the
+                     paired-t 90% interval lies inside the margin); not reproduced when the paired-t
+                     95% interval lies wholly outside it; otherwise "underpowered" when the margin
+                     is narrower than the half-width of the 90% paired-t interval (even an observed
+                     difference of 0 could not show equivalence), else inconclusive.
+        "less_spread" A's seed-to-seed SD of the metric below B's: one-sided F-test of the
+                     variance ratio var(B) / var(A) at `alpha` (unpaired; it assumes normal
+                     values). Reproduced when it rejects; not reproduced when the reverse test
+                     (A more spread) rejects; otherwise "underpowered" when the ratio it detects at
+                     `power` exceeds the claim's `paper_effect` (a ratio of variances), else
+                     inconclusive.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from runner.run.status import DIVERGED, FAILED, OK, STALLED, run_status
 
@@ -78,6 +96,11 @@ class RuleBook:
     stall_margin: float = 0.1  # nats below the unigram NLL (applied by the run: conf/trainer)
     bootstrap_min_n: int = 10  # below this many values, intervals are Student t
     scored_bleu: str = "bleu"  # the record's metric a BLEU bar and a BLEU table read
+    # nats above the lowest earlier logged training loss that make a spike: in the task=lm anchor's
+    # runs (results/lm/nanogpt-cpu) the logged loss moves by an SD of 0.011-0.014 nats from one
+    # 50-update log to the next after update 1,000 (largest rise 0.019), so 0.3 is a rise noise
+    # does not make at any log interval down to a few updates
+    spike_margin: float = 0.3
 
 
 RULEBOOKS: dict[int, RuleBook] = {
@@ -167,3 +190,19 @@ def describe(book: RuleBook) -> str:
             f"paired t-test at alpha {book.alpha:g}, Holm-corrected over a table's claims against the "
             f"same baseline; a claim whose paper-sized effect is below the minimum detectable effect "
             f"at {book.power:.0%} power reads \"underpowered\".")
+
+
+def loss_spikes(curve: Sequence[Sequence[float]], margin: float) -> Optional[int]:
+    """The number of loss spikes in a training curve [(update, loss), ...]: runs of consecutive
+    logged losses more than `margin` above the lowest finite loss logged before them (rule book v2's
+    `spike_margin`). None for a curve of fewer than 2 finite losses (nothing to compare)."""
+    losses = [float(loss) for _, loss in curve if loss is not None and math.isfinite(loss)]
+    if len(losses) < 2:
+        return None
+    spikes, inside, lowest = 0, False, losses[0]
+    for loss in losses[1:]:
+        above = loss > lowest + margin
+        spikes += above and not inside
+        inside = above
+        lowest = min(lowest, loss)
+    return spikes

@@ -19,9 +19,10 @@ from typing import Optional, Sequence
 from runner.console import fmt
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
-from runner.tables.evidence import METRIC_KINDS, Record, Verdict, claim_from_dict, judge_all, selector_matches
+from runner.tables.claims import METRIC_KINDS, Record, Verdict, claim_from_dict, selector_matches
+from runner.tables.evidence import judge_all
 from runner.tables.records import Records, cell_key, results_root
-from runner.tables.rulebook import CURRENT, outcome, rulebook
+from runner.tables.rulebook import CURRENT, loss_spikes, outcome, rulebook
 
 SEED_AXIS = "trainer.seed"
 
@@ -144,14 +145,17 @@ def cell_outcome(record: dict, decoded: bool, version: int = CURRENT) -> str:
 def evidence_records(cells: Sequence[SuiteCell], version: int = CURRENT) -> list[Record]:
     """The cells' records as evidence, each status its outcome under rule book `version`."""
     decoded = suite_decodes(cells)
+    spike_margin = rulebook(version).spike_margin
     out = []
     for cell in cells:
         r = cell.record
         if r is None:
             continue
+        spikes = loss_spikes(r["train_curve"], spike_margin) if r.get("train_curve") else None
         out.append(Record(arm=dict(cell.arm), seed=cell.seed, status=cell_outcome(r, decoded, version),
                           metrics={**{k: r.get(k) for k in ("bleu", "sacrebleu", "best_valid_loss")},
-                                   "bleu_last": cell_bleu_last(cell)}))
+                                   "bleu_last": cell_bleu_last(cell),
+                                   "loss_spikes": None if spikes is None else float(spikes)}))
     return out
 
 

@@ -166,13 +166,18 @@ TARGETS: dict[str, Target] = {
     "width": Target(
         "width", "Post-LN vs Pre-LN without warmup by width: does the stall become a blow-up?",
         {"real": (Part("reproduce_width_real"),)}),
+    # task=lm: the methods since 2022 in the decoder-only setting their papers used
+    "lm": Target(
+        "lm", "Decoder-only LM (shakespeare_char), 12 and 24 layers: Post-LN vs Pre-LN, DeepNorm, sigma-reparam, "
+              "LN Scaling, Mix-LN, Peri-LN, DyT, depth-muP",
+        {"real": (Part("reproduce_lm_real"),)}),
 }
 
 
 # `deepinit reproduce all --scale real`: every real-tier suite through one pool of cells, in this
 # order: Table 2 first, then the T-Fixup depth scan and the tables of the methods since 2019
 # without warmup, then the other papers' tables, the grid, the with-warmup and transfer rows,
-# and last the width scan and Table 2 trained flat (the longest cells).
+# then the width scan and Table 2 trained flat (the longest cells), and last the language-model tier.
 REAL_SUITE_ORDER = ("table2", "tfixup-depth", "schemes-norms", "schemes-scaling", "lipschitz",
                     "schemes-postln", "sgd-control", "schemes-other", "grid", "schemes-norms-warmup",
-                    "schemes-scaling-warmup", "mup-transfer", "width", "table2-converged")
+                    "schemes-scaling-warmup", "mup-transfer", "width", "table2-converged", "lm")

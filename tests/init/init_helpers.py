@@ -6,6 +6,7 @@ import torch
 from runner.config import Config
 from runner.data.batching import Batch
 from runner.init import apply as init_apply
+from runner.init import options_for
 from runner.run.build import model_for as build_model
 
 PAD, EOS, VOCAB = 1, 2, 40
@@ -14,10 +15,7 @@ PAD, EOS, VOCAB = 1, 2, 40
 def make_cfg(scheme: str = "xavier", norm: str = "post", layers: int = 2, dim: int = 32,
              ffn_dim: int = 64, heads: int = 2, dropout: float = 0.0, share: str = "all",
              encoder_layers=None, decoder_layers=None, **init_fields) -> Config:
-    cfg = Config()
-    cfg.init.name = scheme
-    for key, value in init_fields.items():
-        setattr(cfg.init, key, value)
+    cfg = Config(init=options_for(scheme, **init_fields))  # the scheme's own options class
     cfg.norm.placement = norm
     m = cfg.model
     m.layers, m.dim, m.ffn_dim, m.heads, m.dropout = layers, dim, ffn_dim, heads, dropout

@@ -38,6 +38,24 @@ def test_layerscale_epsilon_by_depth_and_alpha_shape():
     assert {k for k in base if base[k].shape != scaled[k].shape} == {k for k in base if k.endswith(".alpha")}
 
 
+@pytest.mark.parametrize("reading, expected", [
+    ("per_stack", {"encoder": 0.1, "decoder": 0.1}),  # each stack has 12 layers: "depth up to 18"
+    ("total", {"encoder": 1e-5, "decoder": 1e-5}),  # 12 + 12 = 24 layers: "10^-5 for depth 24"
+])
+def test_layerscale_depth_reading_at_12_plus_12(reading, expected):
+    """init.layerscale_depth: which depth picks CaiT's epsilon in an encoder-decoder."""
+    cfg = make_cfg("layerscale", encoder_layers=12, decoder_layers=12, dim=8,
+                   init={"layerscale_depth": reading})
+    model = initialized(cfg)
+    for ref in model.sublayers():
+        assert torch.equal(ref.alpha.detach(), torch.full((8,), expected[ref.side])), ref.name
+
+
+def test_layerscale_depth_option_composes_with_per_stack_the_default():
+    assert compose(["init=layerscale"]).init.layerscale_depth == "per_stack"
+    assert compose(["init=layerscale", "init.layerscale_depth=total"]).init.layerscale_depth == "total"
+
+
 def test_layerscale_trains_each_channel_and_multiplies_the_branch():
     """out = x + diag(lambda) F(LN(x)): with the branch output fixed, the sublayer output is
     x + lambda * F channel by channel; one update moves the channels of lambda apart."""
@@ -137,7 +155,8 @@ def residual_streams(model, src, prev) -> dict[str, list[torch.Tensor]]:
 def activation_rms_after_updates(scheme: str, layers: int, updates: int = 5, lr: float = 1e-2):
     """RMS of the residual stream after layers L/6, 2L/6, ..., L of each stack, after `updates`
     Adam updates at a constant lr on random-token batches (width 32, no dropout)."""
-    cfg = make_cfg(scheme, layers=layers, init={"depth_mup_exponent": 0.5, "depth_mup_base_layers": 6})
+    options = {"depth_mup_exponent": 0.5, "depth_mup_base_layers": 6} if scheme == "depth_mup" else {}
+    cfg = make_cfg(scheme, layers=layers, init=options)
     model = initialized(cfg)
     optimizer = build_optimizer(model.parameters(), cfg, "cpu", init_schemes.param_groups(model, cfg))
     set_lr(optimizer, lr)

@@ -25,7 +25,7 @@ def lm_config(placement="pre", layers=3, init="xavier", **model) -> Config:
     for key, value in model.items():
         setattr(cfg.model, key, value)
     cfg.norm.placement = placement
-    cfg.init.name = init
+    cfg.init = init_schemes.options_for(init)
     return cfg
 
 
