@@ -1,6 +1,7 @@
 """Shared helpers: compose configs exactly as the CLI does, and run the real `deepinit`."""
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import signal
@@ -169,3 +170,52 @@ def _no_internet(monkeypatch):
     """No test reaches the internet: downloads go to a closed local port unless a test serves
     its own files (tests/data/test_download.py sets the mirror to its 127.0.0.1 server)."""
     monkeypatch.setenv("DEEPINIT_DOWNLOAD_MIRROR", "http://127.0.0.1:9")
+
+
+# ----------------------------------------------------------------------------- pytest-xdist
+# Module- and session-scoped fixtures whose tests cost far more than the fixture: their tests are
+# better spread over the workers (each worker building its own copy) than queued on one.
+_SPREAD_FIXTURES = {"paper_data"}
+
+
+def _shared_fixture_group(item) -> str | None:
+    """The xdist_group that keeps `item` on the worker that builds its shared fixture: for the
+    first module- or session-scoped fixture of tests/ it uses (a module's trained run, a sweep, a
+    bench), the module that defines it (one group for all of a module's fixtures) or, for one of
+    this file's session fixtures, its name. None for a test that uses none."""
+    tests = Path(__file__).resolve().parent
+    defs = item._fixtureinfo.name2fixturedefs if hasattr(item, "_fixtureinfo") else {}
+    for name in item.fixturenames:
+        if name in _SPREAD_FIXTURES:
+            continue
+        for fixturedef in defs.get(name, ()):
+            if fixturedef.scope not in ("module", "session"):
+                continue
+            try:
+                source = Path(inspect.getfile(fixturedef.func)).resolve()
+            except (TypeError, OSError):
+                continue
+            if tests in source.parents:
+                where = source.relative_to(tests).as_posix()
+                return f"{where}::{name}" if fixturedef.scope == "session" else where
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (make test: -n auto --dist loadgroup), in each worker's collection (the
+    same in all): a test that uses a module- or session-scoped fixture of tests/ joins an
+    xdist_group for it, so those tests run on one worker and the fixture is built once, as in a
+    single process; a test with its own xdist_group mark (the SLURM tests) keeps it. And the tests
+    marked slow or slurm come first, so that no long test starts last while the other workers have
+    run out of work (loadgroup hands out the groups first, largest first, then one test at a time
+    in this order)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = _shared_fixture_group(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None
+               and item.get_closest_marker("slurm") is None)
