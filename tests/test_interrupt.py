@@ -36,7 +36,7 @@ def same_result(a: dict, b: dict) -> None:
 def test_sigint_before_the_first_save_resumes_where_it_stopped(tmp_path):
     """The issue's case: a run that saves every 1000 updates is stopped long before; it saves
     there, says so, and the rerun continues from that update, as if never stopped."""
-    args = [*TINY, "trainer.max_updates=300", "trainer.save_interval=1000", "trainer.valid_interval=100",
+    args = [*TINY, "trainer.max_updates=150", "trainer.save_interval=1000", "trainer.valid_interval=100",
             "trainer.log_interval=10", "data.toy.train_size=2000"]
     reference = tmp_path / "reference"
     assert run_cli_here(["train", *args, f"hydra.run.dir={reference}"], cwd=tmp_path).returncode == 0
@@ -56,7 +56,7 @@ def test_sigint_before_the_first_save_resumes_where_it_stopped(tmp_path):
                       + re.escape(str(run_dir)) + r" from update (\d+)", err)
     assert found and found[1] == found[2], err
     step = int(found[1])
-    assert 20 <= step < 300, err
+    assert 20 <= step < 150, err
     marker = json.loads((run_dir / "interrupted.json").read_text())
     assert marker["checkpoint"] is True and marker["resume_update"] == step
     assert folder.checkpoint_step(run_dir / folder.LAST) == step
@@ -159,8 +159,8 @@ def test_a_stop_reaches_every_ddp_rank_and_the_run_resumes_exactly(tmp_path):
     to stop at the end of a log window, save, and end; the rerun resumes there."""
     import threading
 
-    cfg = compose([*TINY, "trainer.devices=2", "trainer.max_updates=200", "trainer.log_interval=5",
-                   "trainer.save_interval=200", "trainer.valid_interval=100", "trainer.threads=1",
+    cfg = compose([*TINY, "trainer.devices=2", "trainer.max_updates=100", "trainer.log_interval=5",
+                   "trainer.save_interval=100", "trainer.valid_interval=50", "trainer.threads=1",
                    "data.toy.train_size=2000"])
     reference = train(cfg, tmp_path / "reference")
     run_dir = tmp_path / "stopped"
@@ -175,7 +175,7 @@ def test_a_stop_reaches_every_ddp_rank_and_the_run_resumes_exactly(tmp_path):
     with pytest.raises(Stopped) as stopped:
         train(cfg, run_dir)
     step = stopped.value.saved_step
-    assert step is not None and step % 5 == 0 and 10 <= step < 200
+    assert step is not None and step % 5 == 0 and 10 <= step < 100
     assert folder.checkpoint_step(run_dir / folder.LAST) == step
     resumed = train(cfg, run_dir)
     same_result(reference, resumed)
