@@ -18,12 +18,23 @@ TINY = ["model=ci", "warmup.updates=5", "trainer.max_updates=20", "trainer.log_i
         "data.toy.train_size=600", "data.toy.valid_size=50", "data.toy.test_size=50"]
 
 
+_composed: dict = {}
+
+
 def compose(overrides: list[str] = ()):
     """The typed Config (dataclasses) for these overrides, composed from conf/ by the CLI's own
-    composition (a bad override raises ConfigError)."""
+    composition (a bad override raises ConfigError). Kept per overrides and DEEPINIT_* environment
+    (the only variables conf/ and the presets read: oc.env) for the rest of the session, since
+    many tests compose the same configs (Hydra's composition: a large part of a second each);
+    each call gets its own copy."""
+    import copy
+
     from runner.cli.compose import compose as cli_compose
 
-    return cli_compose(list(overrides))
+    key = (tuple(overrides), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("DEEPINIT_"))))
+    if key not in _composed:
+        _composed[key] = cli_compose(list(overrides))
+    return copy.deepcopy(_composed[key])
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None,
