@@ -212,21 +212,82 @@ def _shared_fixture_group(item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
+def _group_of(item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    return _shared_fixture_group(item)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (make test: -n auto --dist loadgroup), in each worker's collection (the
-    same in all): a test that uses a module- or session-scoped fixture of tests/ joins an
-    xdist_group for it, so those tests run on one worker and the fixture is built once, as in a
-    single process; a test with its own xdist_group mark (the SLURM tests) keeps it. And the tests
-    marked slow or slurm come first, so that no long test starts last while the other workers have
-    run out of work (loadgroup hands out the groups first, largest first, then one test at a time
-    in this order)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    """In a pytest-xdist worker (make test: -n auto --dist loadgroup), whose collection is the same
+    in all workers: the tests marked slow or slurm come first, so that no long test starts last
+    while the other workers have run out of work (the groups are handed out first, largest first,
+    then one test at a time in this order)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None
+                   and item.get_closest_marker("slurm") is None)
+
+
+class _XdistGroups:
+    """--dist loadgroup that works with this pytest: pytest-xdist 3.8 groups tests by a suffix it
+    writes into the node ids, which pytest 9.2's structured ids no longer take, so the xdist_group
+    marks are silently ignored (pytest-dev/pytest-xdist#1386). Here each worker writes its tests'
+    groups to a file the controller names (its xdist_group mark, or the shared module- or
+    session-scoped fixture of tests/ it uses: the fixture is then built once, as in one process),
+    and the controller's scheduler (xdist's LoadGroupScheduling) reads its work units from it. The
+    SLURM tests are one group: one queue, one node."""
+
+    def __init__(self):
+        import tempfile
+
+        self.folder = Path(tempfile.mkdtemp(prefix="deepinit-xdist-groups-"))
+
+    def pytest_configure_node(self, node):  # controller: each worker gets the file's path
+        node.workerinput["deepinit_xdist_groups"] = str(self.folder / "groups.json")
+
+    def pytest_xdist_make_scheduler(self, config, log):
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        import json
+
+        from xdist.scheduler import LoadGroupScheduling
+
+        file = self.folder / "groups.json"
+
+        class Scheduling(LoadGroupScheduling):
+            groups: dict | None = None
+
+            def _split_scope(self, nodeid: str) -> str:
+                if self.groups is None:  # called once every worker has collected
+                    self.groups = json.loads(file.read_text()) if file.is_file() else {}
+                group = self.groups.get(nodeid)
+                return f"group:{group}" if group is not None else super()._split_scope(nodeid)
+
+        return Scheduling(config, log)
+
+    def pytest_unconfigure(self, config):
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput") \
+            and getattr(config.option, "numprocesses", None):
+        config.pluginmanager.register(_XdistGroups(), "deepinit-xdist-groups")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """In a pytest-xdist worker: {node id: group} of the collected tests, for the controller."""
+    file = getattr(session.config, "workerinput", {}).get("deepinit_xdist_groups")
+    if not file:
         return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = _shared_fixture_group(item)
-            if group is not None:
-                item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None
-               and item.get_closest_marker("slurm") is None)
+    import json
+
+    groups = {item.nodeid: group for item in session.items if (group := _group_of(item)) is not None}
+    tmp = Path(f"{file}.{os.environ.get('PYTEST_XDIST_WORKER', os.getpid())}")
+    tmp.write_text(json.dumps(groups))
+    os.replace(tmp, file)  # every worker writes the same map
