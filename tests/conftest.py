@@ -219,15 +219,25 @@ def _group_of(item) -> str | None:
     return _shared_fixture_group(item)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(trylast=True)  # after xdist's own
 def pytest_collection_modifyitems(config, items):
     """In a pytest-xdist worker (make test: -n auto --dist loadgroup), whose collection is the same
     in all workers: the tests marked slow or slurm come first, so that no long test starts last
     while the other workers have run out of work (the groups are handed out first, largest first,
-    then one test at a time in this order)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None
-                   and item.get_closest_marker("slurm") is None)
+    then one test at a time in this order); and {node id: group} of the tests goes to the file the
+    controller named (_XdistGroups), before the worker reports its collection."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None
+               and item.get_closest_marker("slurm") is None)
+    file = getattr(config, "workerinput", {}).get("deepinit_xdist_groups")
+    if file:
+        import json
+
+        groups = {item.nodeid: group for item in items if (group := _group_of(item)) is not None}
+        tmp = Path(f"{file}.{os.environ['PYTEST_XDIST_WORKER']}")
+        tmp.write_text(json.dumps(groups))
+        os.replace(tmp, file)  # every worker writes the same map
 
 
 class _XdistGroups:
@@ -277,17 +287,3 @@ def pytest_configure(config):
     if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput") \
             and getattr(config.option, "numprocesses", None):
         config.pluginmanager.register(_XdistGroups(), "deepinit-xdist-groups")
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session):
-    """In a pytest-xdist worker: {node id: group} of the collected tests, for the controller."""
-    file = getattr(session.config, "workerinput", {}).get("deepinit_xdist_groups")
-    if not file:
-        return
-    import json
-
-    groups = {item.nodeid: group for item in session.items if (group := _group_of(item)) is not None}
-    tmp = Path(f"{file}.{os.environ.get('PYTEST_XDIST_WORKER', os.getpid())}")
-    tmp.write_text(json.dumps(groups))
-    os.replace(tmp, file)  # every worker writes the same map
