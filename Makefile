@@ -1,7 +1,7 @@
 # deepinit: set-up, tests, benchmarks and reproductions (make help prints this list).
 #   make setup              create .venv and install deepinit (editable) with its dev extras
 #   make train              the default run (built-in toy task, CPU-sized model)
-#   make test               the test suite (the CUDA checks run when a GPU is visible)
+#   make test               the test suite on every core (JOBS=N: N processes; CUDA checks run when a GPU is visible)
 #   make test-fast          the test suite without the slow and SLURM tests
 #   make test-cuda          only the CUDA checks (tests/test_cuda.py)
 #   make bench              training/decoding throughput, MFU, depth scaling (docs/performance.md)
@@ -21,6 +21,11 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# The test suite runs on every CPU core through pytest-xdist (a dev extra): JOBS=1 runs it in one
+# process; --dist loadgroup keeps the tests of one xdist_group (the SLURM tests: one queue) on one
+# worker.
+JOBS ?= auto
+XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 
 .PHONY: setup test test-fast test-cuda train clean help
 
@@ -47,10 +52,10 @@ DATA_ROOT ?= $(DEEPINIT_DATA_ROOT)
 DATA_ENV = $(if $(DATA_ROOT),DEEPINIT_DATA_ROOT="$(abspath $(DATA_ROOT))")
 
 test: $(INSTALLED)
-	OMP_NUM_THREADS=1 $(DATA_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(DATA_ENV) $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(INSTALLED)
-	OMP_NUM_THREADS=1 $(DATA_ENV) $(BIN)/python -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(DATA_ENV) $(BIN)/python -m pytest -m "not slow and not slurm" $(XDIST) $(PYTEST_ARGS)
 
 # The CUDA checks (tests/test_cuda.py; they skip without a GPU): bf16/fp16 steps, fused Adam,
 # SDPA kernels, torch.compile, resume, beam search against the CPU's.

@@ -1,6 +1,7 @@
 """Shared helpers: compose configs exactly as the CLI does, and run the real `deepinit`."""
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import signal
@@ -17,12 +18,23 @@ TINY = ["model=ci", "warmup.updates=5", "trainer.max_updates=20", "trainer.log_i
         "data.toy.train_size=600", "data.toy.valid_size=50", "data.toy.test_size=50"]
 
 
+_composed: dict = {}
+
+
 def compose(overrides: list[str] = ()):
     """The typed Config (dataclasses) for these overrides, composed from conf/ by the CLI's own
-    composition (a bad override raises ConfigError)."""
+    composition (a bad override raises ConfigError). Kept per overrides and DEEPINIT_* environment
+    (the only variables conf/ and the presets read: oc.env) for the rest of the session, since
+    many tests compose the same configs (Hydra's composition: a large part of a second each);
+    each call gets its own copy."""
+    import copy
+
     from runner.cli.compose import compose as cli_compose
 
-    return cli_compose(list(overrides))
+    key = (tuple(overrides), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("DEEPINIT_"))))
+    if key not in _composed:
+        _composed[key] = cli_compose(list(overrides))
+    return copy.deepcopy(_composed[key])
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None,
@@ -169,3 +181,109 @@ def _no_internet(monkeypatch):
     """No test reaches the internet: downloads go to a closed local port unless a test serves
     its own files (tests/data/test_download.py sets the mirror to its 127.0.0.1 server)."""
     monkeypatch.setenv("DEEPINIT_DOWNLOAD_MIRROR", "http://127.0.0.1:9")
+
+
+# ----------------------------------------------------------------------------- pytest-xdist
+# Module- and session-scoped fixtures whose tests cost far more than the fixture: their tests are
+# better spread over the workers (each worker building its own copy) than queued on one.
+_SPREAD_FIXTURES = {"paper_data"}
+
+
+def _shared_fixture_group(item) -> str | None:
+    """The xdist_group that keeps `item` on the worker that builds its shared fixture: for the
+    first module- or session-scoped fixture of tests/ it uses (a module's trained run, a sweep, a
+    bench), the module that defines it (one group for all of a module's fixtures) or, for one of
+    this file's session fixtures, its name. None for a test that uses none."""
+    tests = Path(__file__).resolve().parent
+    defs = item._fixtureinfo.name2fixturedefs if hasattr(item, "_fixtureinfo") else {}
+    for name in item.fixturenames:
+        if name in _SPREAD_FIXTURES:
+            continue
+        for fixturedef in defs.get(name, ()):
+            if fixturedef.scope not in ("module", "session"):
+                continue
+            try:
+                source = Path(inspect.getfile(fixturedef.func)).resolve()
+            except (TypeError, OSError):
+                continue
+            if tests in source.parents:
+                where = source.relative_to(tests).as_posix()
+                return f"{where}::{name}" if fixturedef.scope == "session" else where
+    return None
+
+
+def _group_of(item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    return _shared_fixture_group(item)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own
+def pytest_collection_modifyitems(config, items):
+    """In a pytest-xdist worker (make test: -n auto --dist loadgroup), whose collection is the same
+    in all workers: the tests marked slow or slurm come first, so that no long test starts last
+    while the other workers have run out of work (the groups are handed out first, largest first,
+    then one test at a time in this order); and {node id: group} of the tests goes to the file the
+    controller named (_XdistGroups), before the worker reports its collection."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None
+               and item.get_closest_marker("slurm") is None)
+    file = getattr(config, "workerinput", {}).get("deepinit_xdist_groups")
+    if file:
+        import json
+
+        groups = {item.nodeid: group for item in items if (group := _group_of(item)) is not None}
+        tmp = Path(f"{file}.{os.environ['PYTEST_XDIST_WORKER']}")
+        tmp.write_text(json.dumps(groups))
+        os.replace(tmp, file)  # every worker writes the same map
+
+
+class _XdistGroups:
+    """--dist loadgroup that works with this pytest: pytest-xdist 3.8 groups tests by a suffix it
+    writes into the node ids, which pytest 9.2's structured ids no longer take, so the xdist_group
+    marks are silently ignored (pytest-dev/pytest-xdist#1386). Here each worker writes its tests'
+    groups to a file the controller names (its xdist_group mark, or the shared module- or
+    session-scoped fixture of tests/ it uses: the fixture is then built once, as in one process),
+    and the controller's scheduler (xdist's LoadGroupScheduling) reads its work units from it. The
+    SLURM tests are one group: one queue, one node."""
+
+    def __init__(self):
+        import tempfile
+
+        self.folder = Path(tempfile.mkdtemp(prefix="deepinit-xdist-groups-"))
+
+    def pytest_configure_node(self, node):  # controller: each worker gets the file's path
+        node.workerinput["deepinit_xdist_groups"] = str(self.folder / "groups.json")
+
+    def pytest_xdist_make_scheduler(self, config, log):
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        import json
+
+        from xdist.scheduler import LoadGroupScheduling
+
+        file = self.folder / "groups.json"
+
+        class Scheduling(LoadGroupScheduling):
+            groups: dict | None = None
+
+            def _split_scope(self, nodeid: str) -> str:
+                if self.groups is None:  # called once every worker has collected
+                    self.groups = json.loads(file.read_text()) if file.is_file() else {}
+                group = self.groups.get(nodeid)
+                return f"group:{group}" if group is not None else super()._split_scope(nodeid)
+
+        return Scheduling(config, log)
+
+    def pytest_unconfigure(self, config):
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput") \
+            and getattr(config.option, "numprocesses", None):
+        config.pluginmanager.register(_XdistGroups(), "deepinit-xdist-groups")

@@ -23,11 +23,9 @@ deepest model of each SCALE=gpu preset trained for 2 updates on CPU.
 """
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import math
-import os
 import random
 import time
 from pathlib import Path
@@ -46,21 +44,7 @@ from runner.tables.cost import (
 )
 from runner.tables.sweep_tier import paper_problems
 from runner.tables.targets import TARGETS
-from tests.conftest import REPO, run_cli_here
-from tests.conftest import compose as compose_uncached
-
-_composed: dict = {}
-
-
-def compose(overrides):
-    """conftest's compose, kept for this module per overrides and DEEPINIT_* environment (the only
-    variables conf/ and the presets read): the GPU-hour tests cost the same paper cells several
-    times. Each call gets its own copy."""
-    key = (tuple(overrides), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("DEEPINIT_"))))
-    if key not in _composed:
-        _composed[key] = compose_uncached(overrides)
-    return copy.deepcopy(_composed[key])
-
+from tests.conftest import REPO, compose, run_cli_here  # compose: kept per overrides for the session
 
 WMT_MAX_TOKENS = 256  # tokens per micro-batch for the 512-2048-8 WMT'14 models (see above)
 PAPER_PARTS = [(name, part) for name, t in TARGETS.items() for part in t.parts.get("paper", ())]

@@ -45,6 +45,7 @@ def _slurm_ready() -> bool:
 
 pytestmark = [
     pytest.mark.slurm,
+    pytest.mark.xdist_group("slurm"),  # one queue and one node: one pytest-xdist worker at a time
     pytest.mark.skipif(not _slurm_ready(), reason="no SLURM with an idle node (sinfo)"),
 ]
 
