@@ -345,7 +345,9 @@ def _bad_cells(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: Rul
                ) -> tuple[list[tuple[Record, Record]], dict[str, Any], str, Optional[str]]:
     """The seed pairs of a two-arm comparison, its details, a line counting the cells of each arm
     that did not train, and the verdict those settle alone ("reproduced" when only B has such cells,
-    "not reproduced" when A has more; None when the metric must decide)."""
+    "not reproduced" when A has more; None when the metric must decide). The cells are counted over
+    the seed-matched pairs only, so that a seed one arm lacks cannot tip the verdict (with the same
+    seeds in both arms this is every cell)."""
     pairs, info = _pair(claim, a, b)
     bad = _bad_statuses(book)
     a_bad = sum(ra.status in bad for ra, _ in pairs)
@@ -354,6 +356,9 @@ def _bad_cells(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: Rul
     details: dict[str, Any] = {"a_n": len(a), "a_bad": a_bad, "b_n": len(b), "b_bad": b_bad, **info}
     line = (f"{'/'.join(s.replace('_', ' ') for s in bad)}: {la} {a_bad} of {len(pairs)}, "
             f"{lb} {b_bad} of {len(pairs)}")
+    if info["unpaired_a"] or info["unpaired_b"]:
+        line += (f" paired cells ({info['unpaired_a']} of {la} and {info['unpaired_b']} of {lb} "
+                 "without a partner left out)")
     settled = ("reproduced" if b_bad > a_bad == 0 else "not reproduced" if a_bad > b_bad else None)
     return pairs, details, line, settled
 
@@ -441,26 +446,11 @@ def _seed_pairs(diffs: Sequence[tuple[int, float]]) -> str:
 
 
 def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook) -> Verdict:
-    # Bad cells are counted over the seed-matched pairs only, so that a seed one arm lacks cannot
-    # tip the verdict (with the same seeds in both arms this is every cell).
-    pairs, info = _pair(claim, a, b)
-    bad = _bad_statuses(book)
-    a_bad = sum(ra.status in bad for ra, _ in pairs)
-    b_bad = sum(rb.status in bad for _, rb in pairs)
+    pairs, details, bad_line, settled = _bad_cells(claim, a, b, book)
+    if settled is not None:
+        return Verdict(claim, settled, bad_line, details)
+    a_bad, b_bad = details["a_bad"], details["b_bad"]
     la, lb = _label(claim.a), _label(claim.b or {})
-    details: dict[str, Any] = {"a_n": len(a), "a_bad": a_bad, "b_n": len(b), "b_bad": b_bad, **info}
-    what = "/".join(s.replace("_", " ") for s in bad)
-    bad_line = f"{what}: {la} {a_bad} of {len(pairs)}, {lb} {b_bad} of {len(pairs)}"
-    unpaired = info["unpaired_a"] + info["unpaired_b"]
-    if unpaired:
-        bad_line += (f" paired cells ({info['unpaired_a']} of {la} and {info['unpaired_b']} of {lb} "
-                     "without a partner left out)")
-    if a_bad or b_bad:
-        if b_bad > a_bad and a_bad == 0:
-            return Verdict(claim, "reproduced", bad_line, details)
-        if a_bad > b_bad:
-            return Verdict(claim, "not reproduced", bad_line, details)
-
     diffs = _ok_diffs(claim, pairs)
     details["paired"] = len(diffs)
     # Written so that a positive number always means "A better".
