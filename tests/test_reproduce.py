@@ -530,8 +530,8 @@ def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch,
     assert reproduce_main(["all", "--scale", "real", "--dry-run", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
     # no records in this results folder: 308 cells of the first 12 suites, Table 2's seeds 4-10 of
-    # two arms (14), the width scan (36) and Table 2 trained flat (9)
-    assert "14 suites" in out and "367 cells, 2 at a time" in out
+    # two arms (14), the width scan (36), Table 2 trained flat (9) and the language-model tier (60)
+    assert "15 suites" in out and "427 cells, 2 at a time" in out
     assert out.index("table2") < out.index("tfixup-depth") < out.index("mup-transfer")
     assert reproduce_main(["all", "--dry-run", "model.layers=6"]) == 2
     assert reproduce_main(["all", "--scale", "cpu", "--dry-run"]) == 2
