@@ -15,6 +15,7 @@ from runner.data.batching import collate, make_batches
 from runner.data.toy import build
 from runner.init import options_for
 from runner.model.loss import label_smoothed_nll
+from runner.model.sublayer import norm_options_for
 from runner.run.build import check_config
 from runner.run.build import model_for as build_model
 from runner.train.optim import build_optimizer, set_lr
@@ -80,7 +81,7 @@ def make_cfg(scheme: str = "xavier", norm: str = "pre", layers: int = 2, dim: in
              ffn_dim: int = 64, encoder_layers=None, decoder_layers=None, model=None,
              init=None, optim=None) -> Config:
     cfg = Config(init=options_for(scheme, **(init or {})))
-    cfg.norm.placement = norm
+    cfg.norm = norm_options_for(norm)  # the placement's own options class
     m = cfg.model
     m.layers, m.dim, m.ffn_dim, m.heads, m.dropout = layers, dim, ffn_dim, 2, 0.0
     m.encoder_layers, m.decoder_layers, m.max_positions = encoder_layers, decoder_layers, 64

@@ -177,6 +177,7 @@ def test_init_options_are_typed_per_scheme():
     from runner.config import config_from_dict, to_dict
     from runner.init import options_class
     from runner.init.admin import AdminOptions
+    from runner.model.sublayer import norm_options_class
 
     with pytest.raises(ConfigError, match=r"unknown key init\.omega \(an option of init=admin and "
                                           r"init=admin_torch: choose that scheme first\); init has: name$"):
@@ -186,9 +187,9 @@ def test_init_options_are_typed_per_scheme():
     assert str(err.value) == "init.omega='scaler': expected one of vector, scalar, constant"
     cfg = compose(["init=admin_torch", "init.omega=scalar", "init.output_change_scale='O(1)'"])
     assert type(cfg.init).__name__ == "AdminTorchOptions" and isinstance(cfg.init, AdminOptions)
-    assert config_from_dict(to_dict(cfg), options_class) == cfg
+    assert config_from_dict(to_dict(cfg), options_class, norm_options_class) == cfg
     legacy = to_dict(compose(["init=admin"]))
     legacy["init"].update(lipschitz_scale=1.0, deepnorm_variant="paper", alpha_ramp_step=0.0)
-    assert config_from_dict(legacy, options_class).init == AdminOptions(name="admin")
+    assert config_from_dict(legacy, options_class, norm_options_class).init == AdminOptions(name="admin")
     with pytest.raises(ConfigError, match="not a deepinit config"):
-        config_from_dict({"init": {"name": "admin", "omegaa": "vector"}}, options_class)
+        config_from_dict({"init": {"name": "admin", "omegaa": "vector"}}, options_class, norm_options_class)

@@ -13,6 +13,7 @@ from runner.config import config_from_dict
 from runner.decode.scoring import tokenized_bleu
 from runner.decode.search import decode_throughput
 from runner.init import options_class
+from runner.model.sublayer import norm_options_class
 from runner.run import folder as ckpt
 from runner.run.build import model_for as build_model
 from runner.run.evaluate import evaluate_run, load_eval_data
@@ -81,7 +82,7 @@ def test_averaging_changes_the_model(run_dir):
 
 def test_decode_throughput(run_dir):
     state = ckpt.load_checkpoint(run_dir / ckpt.LAST)
-    cfg = config_from_dict(state["config"], options_class)
+    cfg = config_from_dict(state["config"], options_class, norm_options_class)
     data = load_eval_data(cfg, "test")
     model = build_model(cfg, len(data.src_dict), len(data.tgt_dict), data.tgt_dict.pad_index)
     model.load_state_dict(state["model"])

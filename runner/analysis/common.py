@@ -18,6 +18,7 @@ from runner.data.batching import Batch, collate
 from runner.data.dataset import TranslationData
 from runner.init import options_class
 from runner.model.loss import label_smoothed_nll
+from runner.model.sublayer import norm_options_class
 from runner.run import build, folder
 from runner.run.build import check_config
 
@@ -44,7 +45,7 @@ def is_run_dir(path: str) -> bool:
 def load_run(run_dir: Path) -> tuple[Config, list[Path]]:
     """A finished run's typed Config (from .hydra/config.yaml) and its checkpoints in step
     order (numbered ones, then checkpoint_last.pt when its step is not among them)."""
-    cfg = config_from_yaml(run_dir / ".hydra" / "config.yaml", options_class)
+    cfg = config_from_yaml(run_dir / ".hydra" / "config.yaml", options_class, norm_options_class)
     check_config(cfg)
     paths = list(folder.numbered_checkpoints(run_dir))
     last = run_dir / folder.LAST

@@ -17,6 +17,7 @@ from runner.config import config_from_dict
 from runner.data.batching import collate
 from runner.init import options_class
 from runner.model.loss import label_smoothed_nll
+from runner.model.sublayer import norm_options_class
 from runner.run import folder
 from runner.run.build import build_run
 
@@ -27,7 +28,7 @@ def run(checkpoint: Path, batches: int = 8) -> dict:
     """{"checkpoint", "batches", "loss_per_token": {"train/eval", "train/train", "valid/eval",
     "valid/train"}} for the checkpoint's own config, on one CPU thread."""
     state = folder.load_checkpoint(checkpoint)
-    cfg = config_from_dict(state["config"], options_class)
+    cfg = config_from_dict(state["config"], options_class, norm_options_class)
     cfg.trainer.device, cfg.trainer.threads = "cpu", 1
     parts = build_run(cfg, initialize=False)
     parts.model.load_state_dict(state["model"])

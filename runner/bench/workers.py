@@ -38,6 +38,7 @@ from runner.data.dataset import TokenizedSplit
 from runner.decode.search import decode_throughput
 from runner.init import options_class
 from runner.model.flops import train_flops
+from runner.model.sublayer import norm_options_class
 from runner.run.build import build_run
 from runner.run.folder import wait_interruptibly, write_json
 from runner.train.loop import Callback, Trainer
@@ -257,7 +258,7 @@ def worker_main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     entry = Entry(**spec["entry"])
     worker = WORKERS[entry.task][spec.get("kind", "deepinit")]
-    out = worker(entry, config_from_dict(spec["config"], options_class), spec["overrides"])
+    out = worker(entry, config_from_dict(spec["config"], options_class, norm_options_class), spec["overrides"])
     write_json(Path(argv[1]), out, indent=1)
     return 0
 

@@ -19,20 +19,32 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from runner.config import Config, ConfigError
 from runner.config.paths import config_dir
 from runner.init import SCHEMES, with_scheme_options
+from runner.model.sublayer import PLACEMENT_OPTIONS, own_option_names, with_placement_options
 from runner.run.folder import folder_name
 
 # The ConfigStore group of the init schemes' option schemas: conf/init/<scheme>.yaml starts with
 # `defaults: [/init_options/<scheme>@_here_, _self_]`.
 INIT_OPTIONS_GROUP = "init_options"
+# The same for the norm placements that read options of their own (conf/norm/mix.yaml, ...).
+NORM_OPTIONS_GROUP = "norm_options"
 
 
 def register_schemas() -> None:
     """Register the schemas with Hydra's ConfigStore: the Config (conf/train.yaml extends
-    config_schema) and every init scheme's options, from the registry (runner.init.SCHEMES)."""
+    config_schema), every init scheme's options, from the registry (runner.init.SCHEMES), and
+    the options of every norm placement that has its own (runner.model.sublayer.PLACEMENT_OPTIONS)."""
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for name, scheme in SCHEMES.items():
         store.store(group=INIT_OPTIONS_GROUP, name=name, node=scheme.options(name=name))
+    for name, cls in PLACEMENT_OPTIONS.items():
+        store.store(group=NORM_OPTIONS_GROUP, name=name, node=cls(placement=name))
+
+
+def with_option_classes(cfg: Config) -> Config:
+    """cfg with `init` an instance of its scheme's options class and `norm` of its placement's
+    (what a composed config's chosen options give, or what a key override switched to)."""
+    return with_scheme_options(dataclasses.replace(cfg, norm=with_placement_options(cfg.norm)))
 
 
 def register_resolvers() -> None:
@@ -64,7 +76,7 @@ def compose_run(overrides: Sequence[str] = ()) -> tuple[Config, dict, list[str]]
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"cannot compose {' '.join(overrides) or '(defaults)'}: "
                           f"{describe_error(err)}") from err
-    return with_scheme_options(typed), choices, task
+    return with_option_classes(typed), choices, task
 
 
 def compose(overrides: Sequence[str] = ()) -> Config:
@@ -110,6 +122,10 @@ def _unknown_key(err: OmegaConfBaseException) -> Optional[str]:
               if parent == "init" and leaf in {f.name for f in dataclasses.fields(scheme.options)}]
     if owners:  # another scheme's option (init.omega=scalar without init=admin)
         hint = f" (an option of {' and '.join(f'init={o}' for o in owners)}: choose that scheme first)"
+    placements = [name for name in PLACEMENT_OPTIONS if parent == "norm" and leaf in own_option_names(name)]
+    if placements:  # a placement's option (norm.mix_ratio=0.5 without norm=mix)
+        hint = (f" (an option of norm={placements[0]}: choose that placement first; for one "
+                "stack, set the other's with norm.encoder_placement or norm.decoder_placement)")
     where = parent or "the config"
     return f"unknown key {full_key}{hint}; {where} has: {', '.join(siblings)}"
 

@@ -29,11 +29,10 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.cli.compose import compose, describe_error, register_schemas
+from runner.cli.compose import compose, describe_error, register_schemas, with_option_classes
 from runner.config import ConfigError
 from runner.config.paths import config_dir
 from runner.data.corpus import CorpusError
-from runner.init import with_scheme_options
 from runner.run import attempt
 from runner.run.build import resolve_config
 from runner.run.folder import folder_name
@@ -139,7 +138,7 @@ def run_task(cfg: DictConfig) -> None:
     multirun = hc.mode.name == "MULTIRUN"
     attempt.begin_attempt(run_dir)  # a rerun cell reads as running, not as its last failure
     try:
-        typed = with_scheme_options(OmegaConf.to_object(cfg))  # init=<scheme>'s options class
+        typed = with_option_classes(OmegaConf.to_object(cfg))  # the scheme's and placement's options classes
         try:  # a note for the reader: it must never be what fails a run
             replaced = method_groups_replaced(hc.runtime.choices)
         except Exception as exc:  # noqa: BLE001

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.config.schema import Config, InitConfig
+from runner.config.schema import Config, InitConfig, NormConfig
 from runner.config.validate import ConfigError
 
 # Before each init scheme declared its own options, every config carried all of these under
@@ -20,32 +20,44 @@ LEGACY_INIT_KEYS = ("omega", "output_change_scale", "lipschitz_scale", "ds_init_
                     "ds_init_gain", "deepnorm_variant", "alpha_ramp_step", "depth_mup_exponent",
                     "depth_mup_base_layers")
 
+# Before each norm placement declared its own options, every config carried these under `norm`.
+# Frozen as LEGACY_INIT_KEYS is.
+LEGACY_NORM_KEYS = ("b2t_rescale_init", "resi_dual_scale", "resi_dual_alpha", "mix_ratio")
+
 InitOptions = Callable[[str], type[InitConfig]]  # scheme name -> its options class (runner.init.options_class)
+# the placements a config's stacks use -> its norm options class (runner.model.sublayer.norm_options_class)
+NormOptions = Callable[..., type[NormConfig]]
 
 
-def config_from_dict(config: dict[str, Any], init_options: InitOptions) -> Config:
-    """The typed Config of stored data; `init` becomes an instance of its scheme's options class,
-    which the caller's `init_options` gives (runner.init.options_class: the config layer does not
-    know the schemes)."""
+def config_from_dict(config: dict[str, Any], init_options: InitOptions,
+                     norm_options: NormOptions) -> Config:
+    """The typed Config of stored data; `init` becomes an instance of its scheme's options class
+    and `norm` of its placement's, which the caller's lookups give (runner.init.options_class,
+    runner.model.sublayer.norm_options_class: the config layer knows neither registry)."""
     init = dict(config.get("init") or {})
     name = init.get("name", InitConfig.name)
-    cls = init_options(name)
-    known = {f.name for f in fields(cls)}
+    init_cls = init_options(name)
+    known = {f.name for f in fields(init_cls)}
     init = {k: v for k, v in init.items() if k in known or k not in LEGACY_INIT_KEYS}
+    norm = dict(config.get("norm") or {})
+    norm_cls = norm_options(norm.get("placement", NormConfig.placement),
+                            norm.get("encoder_placement"), norm.get("decoder_placement"))
+    known = {f.name for f in fields(norm_cls)}
+    norm = {k: v for k, v in norm.items() if k in known or k not in LEGACY_NORM_KEYS}
     try:
-        schema = OmegaConf.structured(Config(init=cls(name=name)))
-        return OmegaConf.to_object(OmegaConf.merge(schema, {**config, "init": init}))
+        schema = OmegaConf.structured(Config(init=init_cls(name=name), norm=norm_cls()))
+        return OmegaConf.to_object(OmegaConf.merge(schema, {**config, "init": init, "norm": norm}))
     except OmegaConfBaseException as err:
         raise ConfigError(f"not a deepinit config: {err}") from err
 
 
-def config_from_yaml(path: Path, init_options: InitOptions) -> Config:
+def config_from_yaml(path: Path, init_options: InitOptions, norm_options: NormOptions) -> Config:
     """A run's composed config (its .hydra/config.yaml)."""
     try:
         raw = OmegaConf.load(path)
     except (OSError, OmegaConfBaseException) as err:
         raise ConfigError(f"{path}: cannot read ({err})") from err
-    return config_from_dict(OmegaConf.to_container(raw), init_options)
+    return config_from_dict(OmegaConf.to_container(raw), init_options, norm_options)
 
 
 def with_dotlist(cfg: Config, overrides: Sequence[str]) -> Config:

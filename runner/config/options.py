@@ -38,6 +38,7 @@ def options(cls: type) -> type:
     OmegaConf `str` in their place. Applies to the fields the class inherits too."""
     found: dict[str, tuple] = {}
     for klass in reversed(cls.__mro__):
+        found.update(klass.__dict__.get(_CHOICES, {}))  # a decorated base's (its str now hides them)
         own = klass.__dict__.get("__annotations__")
         if not own or klass is object:
             continue

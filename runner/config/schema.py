@@ -84,8 +84,11 @@ Placement = Literal["post", "pre", "none", "sandwich", "b2t", "resi_dual", "mix"
 @options
 @dataclass
 class NormConfig:
-    """Norm placement (fairseq's normalize_before) and kind. The slot table per placement is in
-    runner/model/sublayer.py."""
+    """Norm placement (fairseq's normalize_before) and kind: the fields every placement reads.
+    The slot table per placement is in runner/model/sublayer.py, and so are the options of a
+    placement that reads its own (MixOptions: norm.mix_ratio, ...), subclasses of this class that
+    conf/norm/<placement>.yaml names as its schema; code that rebuilds a stored config asks for
+    the class by placement (runner.model.norm_options_class)."""
 
     placement: Placement = "post"
     # Per-stack placement, null = `placement` (Admin Table 1 mixes a Post-LN encoder with a
@@ -103,19 +106,6 @@ class NormConfig:
     # kind=dyt: alpha's init in DyT(x) = gamma tanh(alpha x) + beta (Zhu et al. 2025, CVPR,
     # Transformers without Normalization; jiachenzhu/DyT dynamic_tanh.py alpha_init_value=0.5)
     dyt_alpha: float = 0.5
-    # placement=b2t: scale every branch weight by (layers of its stack)^-1/2 after the init scheme
-    # (takase/b2t_connection@c8e2ad4 fairseq/modules/transformer_layer.py rescaling_init;
-    # false = the revision before 4d80167, no rescaling)
-    b2t_rescale_init: bool = True
-    # placement=resi_dual: s in d_{k+1} = d_k + s F_k, d_0 = s x_0 (Xie et al. 2023, ResiDual;
-    # microsoft/ResiDual res_input_norm_scale: 1.0 in hydra_config/iwslt.yaml, 0.05 in the fp16 opus.yaml)
-    resi_dual_scale: float = 1.0
-    # placement=resi_dual: alpha in the output alpha x_N + LN(d_N) (microsoft/ResiDual
-    # resi_dual.py enc_alpha / dec_alpha, default 1.0)
-    resi_dual_alpha: float = 1.0
-    # placement=mix (Mix-LN, Li et al. 2024): Post-LN in the first floor(mix_ratio * L) layers of
-    # each stack (L its depth), Pre-LN in the rest; in [0, 1], 0.25 as the paper recommends
-    mix_ratio: float = 0.25
     # LayerNorm Scaling (Sun et al. 2025, The Curse of Depth): every pre-norm output in layer l
     # (1-based, per stack) is multiplied by 1/sqrt(l); with placement pre or mix only
     layernorm_scaling: bool = False

@@ -217,14 +217,11 @@ def _check_loggers(cfg: Any) -> None:
 
 
 def _check_new_norms(cfg: Any) -> None:
-    """DyT's alpha, ResiDual's s and alpha, and ResiDual's LN(d_N) (the final_norm slot)."""
+    """DyT's alpha and ResiDual's LN(d_N) (the final_norm slot); ResiDual's s and alpha are
+    checked with the placement's options (runner.model.sublayer.check_placement_options)."""
     norm = cfg.norm
     if norm.dyt_alpha <= 0:
         raise ConfigError(f"norm.dyt_alpha={norm.dyt_alpha}: expected > 0 (the paper uses 0.5)")
-    for key in ("norm.resi_dual_scale", "norm.resi_dual_alpha"):
-        value = _get(cfg, key)
-        if value is not None and value < 0:  # warmup.updates None: left to the init scheme (resolve.py)
-            raise ConfigError(f"{key}={value}: expected a value >= 0")
     stacks = (norm.encoder_placement or norm.placement, norm.decoder_placement or norm.placement)
     if "resi_dual" in stacks and norm.final_norm is False:
         raise ConfigError("norm=resi_dual outputs alpha * x_N + LN(d_N) and needs its final norm: "
@@ -232,12 +229,9 @@ def _check_new_norms(cfg: Any) -> None:
 
 
 def _check_mix_and_layernorm_scaling(cfg: Any) -> None:
-    """Mix-LN's ratio, and LayerNorm Scaling only where a branch input is a pre-norm output that
+    """LayerNorm Scaling only where a branch input is a pre-norm output that
     no later norm in the branch undoes (Pre-LN layers: norm=pre, or mix's Pre-LN layers)."""
     norm = cfg.norm
-    if not 0.0 <= norm.mix_ratio <= 1.0:
-        raise ConfigError(f"norm.mix_ratio={norm.mix_ratio}: expected a value in [0, 1] (the "
-                          "fraction of each stack's layers that are Post-LN; the paper uses 0.25)")
     if norm.layernorm_scaling:
         stacks = {norm.encoder_placement or norm.placement, norm.decoder_placement or norm.placement}
         other = sorted(stacks - {"pre", "mix"})

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from runner.config import ModelConfig, NormConfig
 from runner.model.embedding import Embedder
 from runner.model.seq2seq import EncoderLayer, Stack, SublayerRef, TransformerModel
-from runner.model.sublayer import ResidualSpec, Slots, Sublayer, layer_slots, stack_slots
+from runner.model.sublayer import ResidualSpec, Slots, Sublayer, dual_scale, layer_slots, stack_slots
 
 SIDE = "decoder"  # the one stack's side, for placements (norm.decoder_placement) and init rules
 
@@ -45,7 +45,7 @@ class DecoderOnlyLM(TransformerModel):
         self.decoder = Stack(
             Embedder(tokens, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm,
                      learned_positions=cfg.positions == "learned"),
-            [EncoderLayer(cfg, sublayer_factory(slots), residual, slots, norm.resi_dual_scale,
+            [EncoderLayer(cfg, sublayer_factory(slots), residual, slots, dual_scale(norm),
                           causal=True) for slots in per_layer],
             cfg.dim, stack_slots(norm, SIDE), norm, cfg.activation_checkpointing, per_layer)
         self.output_weight = (nn.Parameter(torch.empty(vocab, cfg.dim))

@@ -26,6 +26,7 @@ from runner.model.sublayer import (
     ResidualSpec,
     Slots,
     Sublayer,
+    dual_scale,
     layer_slots,
     stack_slots,
 )
@@ -246,12 +247,12 @@ class Seq2Seq(TransformerModel):
             tgt_embed = nn.Embedding(tgt_vocab, cfg.dim, padding_idx=pad_index)
         self.encoder = Stack(
             Embedder(src_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm),
-            [EncoderLayer(cfg, sublayer_factory(slots), residual, slots, norm.resi_dual_scale)
+            [EncoderLayer(cfg, sublayer_factory(slots), residual, slots, dual_scale(norm))
              for slots in enc_slots],
             cfg.dim, stack_slots(norm, "encoder"), norm, cfg.activation_checkpointing, enc_slots)
         self.decoder = Stack(
             Embedder(tgt_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm),
-            [DecoderLayer(cfg, sublayer_factory(slots), residual, slots, norm.resi_dual_scale)
+            [DecoderLayer(cfg, sublayer_factory(slots), residual, slots, dual_scale(norm))
              for slots in dec_slots],
             cfg.dim, stack_slots(norm, "decoder"), norm, cfg.activation_checkpointing, dec_slots)
         # Output projection: tied to the decoder embedding unless share_embeddings=none.

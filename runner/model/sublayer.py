@@ -14,14 +14,16 @@ own (SkipInit).
 """
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, make_dataclass, replace
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from runner.config import NormConfig
+from runner.config import ConfigError, NormConfig
+from runner.config.options import options
 from runner.model.dropout import Dropout
 from runner.model.norms import make_norm
 
@@ -65,6 +67,115 @@ PLACEMENTS = {
                   embedding_norm=True),
     "mix": Slots(pre_norm=True, branch_norm=False, post_norm=False, final_norm=True),
 }
+
+
+# ----------------------------------------------------------------------------- placement options
+# A placement that reads options of its own declares them here, as a subclass of NormConfig;
+# conf/norm/<placement>.yaml names the schema (`defaults: [/norm_options/<placement>@_here_,
+# _self_]`, registered by runner/cli/compose.py from PLACEMENT_OPTIONS), so `norm.mix_ratio` is a
+# key of norm=mix only. The user keys are the ones NormConfig once held (norm.mix_ratio, ...).
+@options
+@dataclass
+class MixOptions(NormConfig):
+    # Mix-LN (Li et al. 2024): Post-LN in the first floor(mix_ratio * L) layers of each stack (L
+    # its depth), Pre-LN in the rest; in [0, 1], 0.25 as the paper recommends
+    mix_ratio: float = 0.25
+
+
+@options
+@dataclass
+class ResiDualOptions(NormConfig):
+    # s in d_{k+1} = d_k + s F_k, d_0 = s x_0 (Xie et al. 2023, ResiDual; microsoft/ResiDual
+    # res_input_norm_scale: 1.0 in hydra_config/iwslt.yaml, 0.05 in the fp16 opus.yaml)
+    resi_dual_scale: float = 1.0
+    # alpha in the output alpha x_N + LN(d_N) (microsoft/ResiDual resi_dual.py enc_alpha /
+    # dec_alpha, default 1.0)
+    resi_dual_alpha: float = 1.0
+
+
+@options
+@dataclass
+class B2TOptions(NormConfig):
+    # scale every branch weight by (layers of its stack)^-1/2 after the init scheme
+    # (takase/b2t_connection@c8e2ad4 fairseq/modules/transformer_layer.py rescaling_init;
+    # false = the revision before 4d80167, no rescaling; runner/init/b2t.py applies it)
+    b2t_rescale_init: bool = True
+
+
+# placement -> its options class; a placement not listed reads only NormConfig's fields
+PLACEMENT_OPTIONS: dict[str, type[NormConfig]] = {
+    "mix": MixOptions, "resi_dual": ResiDualOptions, "b2t": B2TOptions}
+
+
+def _joined_options() -> dict[tuple[str, ...], type[NormConfig]]:
+    """One class for each set of two or more placements with options, for configs whose stacks
+    differ (norm=resi_dual norm.decoder_placement=b2t reads both): made at import, with a module
+    name, so that a config holding one pickles (DDP workers) like any other."""
+    joined = {}
+    for k in range(2, len(PLACEMENT_OPTIONS) + 1):
+        for names in itertools.combinations(sorted(PLACEMENT_OPTIONS), k):
+            name = "".join(PLACEMENT_OPTIONS[n].__name__.removesuffix("Options") for n in names) + "Options"
+            cls = options(make_dataclass(name, [], bases=tuple(PLACEMENT_OPTIONS[n] for n in names)))
+            cls.__module__, cls.__qualname__ = __name__, name
+            globals()[name] = joined[names] = cls
+    return joined
+
+
+_JOINED_OPTIONS = _joined_options()
+
+
+def norm_options_class(*placements: Optional[str]) -> type[NormConfig]:
+    """The options dataclass of a config whose stacks use these placements (None: no per-stack
+    override): NormConfig when none reads options of its own, else the one class holding every
+    such placement's options."""
+    names = tuple(sorted({p for p in placements if p in PLACEMENT_OPTIONS}))
+    if not names:
+        return NormConfig
+    return PLACEMENT_OPTIONS[names[0]] if len(names) == 1 else _JOINED_OPTIONS[names]
+
+
+def placements_in_use(norm: NormConfig) -> tuple[str, ...]:
+    """norm.placement and the per-stack overrides that are set."""
+    return tuple(p for p in (norm.placement, norm.encoder_placement, norm.decoder_placement) if p)
+
+
+def norm_options_for(placement: str, **fields) -> NormConfig:
+    """The placement's options with these fields set, the others at their defaults."""
+    return norm_options_class(placement)(placement=placement, **fields)
+
+
+def own_option_names(placement: str) -> tuple[str, ...]:
+    """The keys a placement adds to NormConfig (norm.mix_ratio for mix)."""
+    base = {f.name for f in fields(NormConfig)}
+    return tuple(f.name for f in fields(norm_options_class(placement)) if f.name not in base)
+
+
+def with_placement_options(norm: NormConfig) -> NormConfig:
+    """`norm` as an instance of the options class of the placements it uses. Composition gives the
+    class of the chosen conf/norm option; a per-stack override (norm.decoder_placement=b2t) or
+    `norm.placement=<p>` over another option keeps the fields the two classes share and starts
+    the new placement's options at their defaults."""
+    cls = norm_options_class(*placements_in_use(norm))
+    if type(norm) is cls:
+        return norm
+    names = {f.name for f in fields(cls)}
+    return cls(**{f.name: getattr(norm, f.name) for f in fields(norm) if f.name in names})
+
+
+def check_placement_options(norm: NormConfig) -> None:
+    """The values of the placements' own options; raises ConfigError naming the key."""
+    if isinstance(norm, MixOptions) and not 0.0 <= norm.mix_ratio <= 1.0:
+        raise ConfigError(f"norm.mix_ratio={norm.mix_ratio}: expected a value in [0, 1] (the "
+                          "fraction of each stack's layers that are Post-LN; the paper uses 0.25)")
+    if isinstance(norm, ResiDualOptions):
+        for key in ("resi_dual_scale", "resi_dual_alpha"):
+            if getattr(norm, key) < 0:
+                raise ConfigError(f"norm.{key}={getattr(norm, key)}: expected a value >= 0")
+
+
+def dual_scale(norm: NormConfig) -> float:
+    """ResiDual's s for a stack's layers (1.0, unused, when no stack is ResiDual)."""
+    return norm.resi_dual_scale if isinstance(norm, ResiDualOptions) else 1.0
 
 
 def mix_post_layers(mix_ratio: float, num_layers: int) -> int:

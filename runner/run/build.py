@@ -24,6 +24,7 @@ from runner.data.dataset import TokenizedSplit, TranslationData, unigram_nll
 from runner.data.lm import LMData
 from runner.model.lm import DecoderOnlyLM
 from runner.model.seq2seq import Seq2Seq, build_model
+from runner.model.sublayer import check_placement_options
 from runner.train.optim import build_optimizer
 
 
@@ -37,14 +38,15 @@ def resolve_config(cfg: Config) -> Optional[str]:
 
 
 def check_config(cfg: Config) -> None:
-    """Every rule a config must satisfy before data loads: the field rules and the init
-    scheme's requirements (both stacks' norm placements included). What the config leaves to
+    """Every rule a config must satisfy before data loads: the field rules, the norm placements'
+    options and the init scheme's requirements (both stacks' norm placements included). What the config leaves to
     the run is filled in first (`resolve_config`; the line saying what the scheme chose is
     logged)."""
     note = resolve_config(cfg)
     if note:
         log.info(note)
     validate(cfg)
+    check_placement_options(cfg.norm)
     init_schemes.check_requirements(cfg)
 
 

@@ -18,6 +18,7 @@ from runner.decode.scoring import bleu_scores, detokenize, tokenized_bleu
 from runner.decode.search import decode_split
 from runner.files import atomic_write_text
 from runner.init import options_class
+from runner.model.sublayer import norm_options_class
 from runner.run import folder
 from runner.run.build import model_for
 
@@ -93,7 +94,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", beam: int = 5, lenpen
         config = folder.load_checkpoint(paths[-1])["config"]
     except Exception as exc:  # unreadable or foreign file
         raise EvalError(f"{paths[-1]}: not a deepinit checkpoint ({type(exc).__name__}: {exc})")
-    cfg = config_from_dict(config, options_class)
+    cfg = config_from_dict(config, options_class, norm_options_class)
     data = load_eval_data(cfg, split)
     src_dict, tgt_dict = data.src_dict, data.tgt_dict
     check_dictionaries(run_dir, src_dict, tgt_dict)

@@ -30,6 +30,7 @@ from runner.config.paths import config_dir
 from runner.console import file_log
 from runner.data.corpus import CorpusError
 from runner.init import options_class
+from runner.model.sublayer import norm_options_class
 from runner.run import attempt
 from runner.run.train import train
 
@@ -56,7 +57,7 @@ def main(argv: Sequence[str]) -> int:
     attempt.begin_attempt(run_dir)  # a rerun reads as running, not as its last failure
     resume = True
     try:
-        cfg = config_from_yaml(run_dir / ".hydra" / "config.yaml", options_class)
+        cfg = config_from_yaml(run_dir / ".hydra" / "config.yaml", options_class, norm_options_class)
         resume = cfg.trainer.resume
         train(cfg, run_dir)
     except (ConfigError, CorpusError) as err:

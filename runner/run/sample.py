@@ -15,6 +15,7 @@ from runner.config import config_from_dict
 from runner.data.corpus import CorpusError
 from runner.data.lm import BPEVocab, CharVocab
 from runner.init import options_class
+from runner.model.sublayer import norm_options_class
 from runner.run import folder
 from runner.run.build import lm_model_for
 
@@ -63,7 +64,7 @@ def sample_run(run_dir: str | Path, prompt: str = "\n", new_tokens: int = 500,
     vocab = load_vocab(run_dir)
     try:
         state = folder.load_checkpoint(path)
-        cfg = config_from_dict(state["config"], options_class)
+        cfg = config_from_dict(state["config"], options_class, norm_options_class)
     except Exception as exc:  # unreadable or foreign file
         raise SampleError(f"{path}: not a deepinit checkpoint ({type(exc).__name__}: {exc})")
     if cfg.task != "lm":

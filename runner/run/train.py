@@ -27,6 +27,7 @@ from runner.config import Config, ConfigError, config_from_dict, is_resolved
 from runner.console import Overview, console, file_log, log, overview_text, print_summary, progress_lines
 from runner.data.lm import bits_key
 from runner.init import options_class
+from runner.model.sublayer import norm_options_class
 from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import final_scores, split_bleu
@@ -211,7 +212,7 @@ def result_record(parts: RunParts, trainer: Trainer, outcome: Outcome, resumed: 
 def train(cfg, run_dir: Path) -> dict:
     """Validate, then train (or skip a finished run), and write result.json last."""
     if not isinstance(cfg, Config):
-        cfg = config_from_dict(cfg, options_class)
+        cfg = config_from_dict(cfg, options_class, norm_options_class)
     resolving = not is_resolved(cfg)
     check_config(cfg)  # fills in what the config left to the run (warmup=auto), then checks it
     run_dir = Path(run_dir)

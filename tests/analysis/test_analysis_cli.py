@@ -65,6 +65,7 @@ def test_mode_gap_of_a_checkpoint(tmp_path, capsys):
     the same bytes (the file results/table2/real/postln-no-warmup-mode-gap.json quotes)."""
     from runner.config import config_from_dict
     from runner.init import options_class
+    from runner.model.sublayer import norm_options_class
     from runner.run.train import train
     from tests.conftest import compose
 
@@ -81,5 +82,5 @@ def test_mode_gap_of_a_checkpoint(tmp_path, capsys):
     losses = result["loss_per_token"]
     assert sorted(losses) == ["train/eval", "train/train", "valid/eval", "valid/train"]
     assert losses["train/train"] != losses["train/eval"]  # dropout changes the loss
-    assert config_from_dict(torch.load(checkpoint, weights_only=True)["config"], options_class).model.dropout == 0.3
+    assert config_from_dict(torch.load(checkpoint, weights_only=True)["config"], options_class, norm_options_class).model.dropout == 0.3
     assert main_analyze(["mode-gap", str(tmp_path / "none.pt")]) == 2

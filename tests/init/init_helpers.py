@@ -7,6 +7,7 @@ from runner.config import Config
 from runner.data.batching import Batch
 from runner.init import apply as init_apply
 from runner.init import options_for
+from runner.model.sublayer import norm_options_for
 from runner.run.build import model_for as build_model
 
 PAD, EOS, VOCAB = 1, 2, 40
@@ -16,7 +17,7 @@ def make_cfg(scheme: str = "xavier", norm: str = "post", layers: int = 2, dim: i
              ffn_dim: int = 64, heads: int = 2, dropout: float = 0.0, share: str = "all",
              encoder_layers=None, decoder_layers=None, **init_fields) -> Config:
     cfg = Config(init=options_for(scheme, **init_fields))  # the scheme's own options class
-    cfg.norm.placement = norm
+    cfg.norm = norm_options_for(norm)  # the placement's own options class
     m = cfg.model
     m.layers, m.dim, m.ffn_dim, m.heads, m.dropout = layers, dim, ffn_dim, heads, dropout
     m.encoder_layers, m.decoder_layers = encoder_layers, decoder_layers

@@ -21,6 +21,7 @@ import runner.cli.compose as cli_compose
 from runner import init
 from runner.config import ConfigError, config_from_dict
 from runner.config.paths import config_dir
+from runner.model.sublayer import norm_options_class
 from runner.run.build import check_config
 from runner.run.folder import load_checkpoint
 from runner.run.train import train
@@ -100,7 +101,7 @@ def test_a_new_scheme_composes_trains_and_is_reported(constant_fc, tmp_path):
     fc1 = state["model"]["encoder.layers.0.ffn.branch.fc1.weight"]
     assert torch.allclose(fc1, torch.full_like(fc1, 0.0321), atol=1e-9)
     # the stored config comes back with the scheme's options class (the registry gives it)
-    assert config_from_dict(state["config"], init.options_class).init == cfg.init
+    assert config_from_dict(state["config"], init.options_class, norm_options_class).init == cfg.init
 
 
 def test_a_new_schemes_options_are_checked(constant_fc):

@@ -11,6 +11,7 @@ import torch
 from runner import init as init_schemes
 from runner.config import Config, ConfigError
 from runner.model.lm import DecoderOnlyLM
+from runner.model.sublayer import norm_options_for
 from runner.train.schedule import lr_at
 
 VOCAB = 23
@@ -24,7 +25,7 @@ def lm_config(placement="pre", layers=3, init="xavier", **model) -> Config:
     cfg.model.max_positions, cfg.model.dropout = 16, 0.0
     for key, value in model.items():
         setattr(cfg.model, key, value)
-    cfg.norm.placement = placement
+    cfg.norm = norm_options_for(placement)
     cfg.init = init_schemes.options_for(init)
     return cfg
 
