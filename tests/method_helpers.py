@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from conftest import compose
 
 from runner import init as init_schemes
 from runner.analysis import common, grad_norms
@@ -18,6 +17,7 @@ from runner.model.loss import label_smoothed_nll
 from runner.run.build import check_config
 from runner.run.build import model_for as build_model
 from runner.train.optim import build_optimizer, set_lr
+from tests.conftest import compose
 
 SMALL = ["model=ci", "model.dropout=0.0", "data.toy.train_size=200", "data.toy.valid_size=20",
          "data.toy.test_size=20"]

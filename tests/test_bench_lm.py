@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
-from conftest import compose, needs_staged
 
 from runner.bench.lm import ReferenceGPT, StepClock, unsupported, windows_of
 from runner.cli.bench import main as main_bench
+from tests.conftest import compose, needs_staged
 
 
 def test_reference_gpt_is_causal_tied_and_learns():

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, compose, run_cli_all
 
 from runner.config import ConfigError
 from runner.run.build import check_config
+from tests.conftest import REPO, compose, run_cli_all
 
 GROUPS = ["model", "norm", "init", "optim", "schedule", "warmup", "data", "trainer"]
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, compose
 
 from runner.run.build import build_run
 from runner.run.evaluate import evaluate_run
 from runner.run.train import train
 from runner.train.loop import Trainer
+from tests.conftest import TINY, compose
 
 DEVICE = os.environ.get("DEEPINIT_CUDA_TEST_DEVICE", "cuda")
 pytestmark = [

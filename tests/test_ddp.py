@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, compose
 
 from runner.run.train import train
+from tests.conftest import TINY, compose
 
 
 def losses(run_dir: Path) -> list[tuple[int, float]]:

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from conftest import compose
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from runner.data.dataset import TokenizedSplit
 from runner.decode.search import beam_search, decode_batches, greedy_search
 from runner.run.build import model_for as build_model
 from runner.run.folder import average_checkpoints
+from tests.conftest import compose
 
 PAD, BOS, EOS = 1, 0, 2
 aten = torch.ops.aten

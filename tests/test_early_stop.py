@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, compose
 
 from runner.config import ConfigError, validate
 from runner.model.loss import label_smoothed_nll
@@ -19,6 +18,7 @@ from runner.run import folder
 from runner.run.build import build_run
 from runner.run.train import train
 from runner.train.loop import DataPosition, Trainer, batch_stream, next_update
+from tests.conftest import TINY, compose
 
 # 80 updates, a validation every 5: the tiny model learns slowly and steadily, so the loss keeps
 # improving by a shrinking amount and a min_delta of 0.08 stops it part-way

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, compose, run_cli
 
 from runner.cli.eval import main as main_eval
 from runner.config import config_from_dict
@@ -17,6 +16,7 @@ from runner.run import folder as ckpt
 from runner.run.build import model_for as build_model
 from runner.run.evaluate import evaluate_run, load_eval_data
 from runner.run.train import train
+from tests.conftest import TINY, compose, run_cli
 
 # A reduced toy grammar and a short run: enough for a model whose output overlaps the
 # references (BLEU well above 0) in about 12 s on one core.

@@ -13,11 +13,11 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import DEEPINIT, TINY, compose, run_cli_here
 
 from runner.run import folder
 from runner.run.train import stop_after_the_update, train
 from runner.train.loop import Stopped, Trainer
+from tests.conftest import DEEPINIT, TINY, compose, run_cli_here
 
 TIMING = ("tokens_per_s", "wall_s")
 

@@ -8,12 +8,12 @@ import math
 
 import pytest
 import torch
-from conftest import compose, needs_staged
 
 from runner.config import ConfigError
 from runner.run import folder
 from runner.run.build import check_config
 from runner.run.train import train
+from tests.conftest import compose, needs_staged
 
 pytestmark = needs_staged("tinyshakespeare", "the tinyshakespeare corpus")
 

@@ -10,12 +10,12 @@ import sys
 import types
 
 import pytest
-from conftest import TINY, compose, run_cli
 
 from runner.config import ConfigError
 from runner.run import loggers
 from runner.run.folder import MetricsLog, folder_name, read_metrics
 from runner.run.train import train
+from tests.conftest import TINY, compose, run_cli
 
 
 def by_split(run_dir, split):

@@ -71,10 +71,9 @@ def test_divergence_is_the_scale_collapsing_not_a_skipped_nonfinite_loss():
 
 
 def test_trainer_logs_scale_and_overflows_skips_them_in_the_loss_and_resumes_the_count():
-    from conftest import TINY, compose
-
     from runner.run.build import build_run
     from runner.train.loop import Trainer, TrainWindow
+    from tests.conftest import TINY, compose
 
     # the fp16 bookkeeping of a real Trainer, on CPU: a CPU GradScaler in place of the CUDA one
     # and a gradient hook that overflows chosen updates

@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
-from conftest import compose
 
 from runner.model.loss import label_smoothed_nll
 from runner.train.optim import RAdam, build_optimizer
 from runner.train.schedule import lr_at
+from tests.conftest import compose
 
 
 def test_label_smoothed_loss_by_hand():

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from conftest import compose
 
 from runner import init as init_schemes
 from runner.data.batching import collate, make_batches
 from runner.data.toy import build
 from runner.model.sublayer import PLACEMENTS
 from runner.run.build import model_for as build_model
+from tests.conftest import compose
 
 
 def small_batch(cfg):

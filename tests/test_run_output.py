@@ -9,9 +9,9 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from conftest import TINY, run_cli_here
 
 from runner.run.folder import NAME_LIMIT, folder_name
+from tests.conftest import TINY, run_cli_here
 
 
 # ----------------------------------------------------------------------------- folder names

@@ -195,9 +195,8 @@ def test_each_job_sees_its_own_fake_gpu(tmp_path):
 def test_two_task_cell_trains_with_ddp_like_one_process(tmp_path):
     """A cell with trainer.devices=2 gets tasks_per_node=2; each SLURM task is one gloo rank and
     the loss curve equals one process with the same global batch (update_freq=2)."""
-    from conftest import compose  # the same composition as the CLI
-
     from runner.run.train import train
+    from tests.conftest import compose  # the same composition as the CLI
 
     common = ["model.dropout=0", "trainer.max_updates=10", "warmup.updates=2",
               "trainer.log_interval=5", "trainer.save_interval=5", "trainer.valid_interval=5"]

@@ -5,7 +5,6 @@ import math
 from types import SimpleNamespace
 
 import torch
-from conftest import TINY, compose
 
 from runner.analysis.hooks import SublayerRecorder
 from runner.data.batching import collate
@@ -15,6 +14,7 @@ from runner.run.folder import read_metrics, read_result, scalars
 from runner.run.telemetry import Telemetry, attention_stats
 from runner.run.train import train
 from runner.train.loop import Trainer
+from tests.conftest import TINY, compose
 
 
 def _parts():

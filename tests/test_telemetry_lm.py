@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from conftest import compose
 
 from runner.analysis.hooks import SublayerRecorder
 from runner.data.lm import training_batch
@@ -16,6 +15,7 @@ from runner.run.folder import read_metrics
 from runner.run.telemetry import Telemetry
 from runner.run.train import train
 from runner.train.lm_loop import LMTrainer
+from tests.conftest import compose
 
 LM = ["task=lm", "model=ci", "model.max_positions=16", "data.block_size=16", "data.batch_size=4",
       "trainer.max_updates=10", "trainer.log_interval=5", "trainer.valid_interval=5", "trainer.save_interval=5",

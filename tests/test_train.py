@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DEEPINIT, TINY, compose, run_cli_here
-from method_helpers import one_thread  # noqa: F401 (a fixture)
 
 from runner.run.train import train
+from tests.conftest import DEEPINIT, TINY, compose, run_cli_here
+from tests.method_helpers import one_thread  # noqa: F401 (a fixture)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, run_cli_here
 
 from runner.cli.analyze import main as main_analyze
+from tests.conftest import TINY, run_cli_here
 
 
 @pytest.fixture(autouse=True)

@@ -168,9 +168,8 @@ def test_early_training_of_a_config_with_gradient_accumulation():
 
 @pytest.mark.parametrize("scheme", [["norm=post", "init=admin"], ["norm=none", "init=tfixup"]])
 def test_fresh_model_is_the_model_training_starts_from(tmp_path, scheme):
-    from conftest import TINY
-
     from runner.run.build import build_run
+    from tests.conftest import TINY
 
     cfg = compose(TINY + scheme + ["trainer.seed=3"])
     theirs = build_run(cfg).model.state_dict()  # what `deepinit train` trains

@@ -4,12 +4,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import needs_staged, staged_data
 
 from runner.config import DataConfig
 from runner.data.corpus import CorpusError, load_translation_data, read_lines, read_parallel
 from runner.data.dictionary import Dictionary
 from runner.data.subword import remove_bpe
+from tests.conftest import needs_staged, staged_data
 
 IWSLT = staged_data("iwslt14-de-en-fairseq")
 M30K = staged_data("multi30k/tok")

@@ -7,7 +7,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import needs_staged, staged_data
 
 from runner.cli.data import main as main_data
 from runner.cli.data import main_prepare
@@ -22,6 +21,7 @@ from runner.data.prepare import (
     xml_segments,
 )
 from runner.data.subword import remove_bpe
+from tests.conftest import needs_staged, staged_data
 
 M30K = staged_data("multi30k")
 IWSLT = staged_data("iwslt14-de-en-fairseq")

@@ -4,12 +4,12 @@ import gzip
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
 from runner.cli.data import main_prepare
 from runner.config import DataConfig
 from runner.data.corpus import CorpusError, corpus_dir, default_data_root, load_translation_data
 from runner.data.prepare import default_multi30k_raw
+from tests.conftest import run_cli
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import needs_staged, staged_data
 
 from runner.data.dictionary import Dictionary
 from runner.data.subword import BPEError, SubwordNmtCodes, learn_bpe, remove_bpe
+from tests.conftest import needs_staged, staged_data
 
 IWSLT = staged_data("iwslt14-de-en-fairseq")
 M30K = staged_data("multi30k/tok")

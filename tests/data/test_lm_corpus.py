@@ -8,8 +8,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import needs_staged, staged_data
-from http_files import FileServer
 
 from runner.data.corpus import CorpusError
 from runner.data.lm import (
@@ -20,6 +18,8 @@ from runner.data.lm import (
     unigram_nll,
     validation_batches,
 )
+from tests.conftest import needs_staged, staged_data
+from tests.data.http_files import FileServer
 
 needs_shakespeare = needs_staged("tinyshakespeare", "the tinyshakespeare corpus")
 

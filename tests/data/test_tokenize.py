@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
-from conftest import compose, run_cli
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 
 from runner.config import ConfigError, DataConfig
@@ -19,6 +18,7 @@ from runner.data.corpus import load_translation_data
 from runner.run.build import check_config
 from runner.run.evaluate import evaluate_run
 from runner.run.train import train
+from tests.conftest import compose, run_cli
 
 # --------------------------------------------------------------------------------------------
 # A raw German-English corpus: sentences with punctuation, apostrophes, quotes, numbers.

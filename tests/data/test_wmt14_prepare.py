@@ -9,8 +9,6 @@ import random
 from collections import Counter
 
 import pytest
-from conftest import run_cli_here
-from http_files import FileServer, sha256, tgz
 from subword_nmt.learn_bpe import learn_bpe as snmt_learn
 
 import runner.data.download as dl
@@ -20,6 +18,8 @@ from runner.data.download import RemoteCorpus, RemoteFile
 from runner.data.moses import moses_normalize, moses_tokenize, remove_non_printing
 from runner.data.prepare import PrepareError, prepare_wmt14
 from runner.data.subword import learn_bpe, learn_bpe_from_counts, remove_bpe
+from tests.conftest import run_cli_here
+from tests.data.http_files import FileServer, sha256, tgz
 
 quiet = dict(progress=lambda msg: None)
 

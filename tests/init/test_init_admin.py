@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from init_helpers import initialized, make_batch, make_cfg, make_model
 
 from runner.init import SCHEMES
 from runner.init import apply as init_apply
 from runner.init import update_hook as on_update_hook
+from tests.init.init_helpers import initialized, make_batch, make_cfg, make_model
 
 
 def test_admin_omegas_are_sqrt_of_cumulative_variances():

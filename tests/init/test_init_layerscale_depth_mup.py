@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY, compose
-from method_helpers import PAD, initialized, make_batch, make_cfg, one_update
 
 from runner import init as init_schemes
 from runner.init.layerscale import layerscale_epsilon
@@ -15,6 +13,8 @@ from runner.run.build import build_run
 from runner.train.loop import Trainer
 from runner.train.optim import build_optimizer, set_lr
 from runner.train.schedule import lr_at
+from tests.conftest import TINY, compose
+from tests.method_helpers import PAD, initialized, make_batch, make_cfg, one_update
 
 
 # ----------------------------------------------------------------------------- LayerScale

@@ -6,7 +6,8 @@ import math
 
 import pytest
 import torch
-from init_helpers import initialized, make_cfg
+
+from tests.init.init_helpers import initialized, make_cfg
 
 XAVIER = lambda fi, fo, gain=1.0: gain * math.sqrt(6.0 / (fi + fo))  # noqa: E731
 

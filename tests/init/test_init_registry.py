@@ -14,8 +14,6 @@ import textwrap
 
 import pytest
 import torch
-from conftest import TINY, compose
-from test_init_structure import test_every_parameter_is_set_and_the_changes_are_the_declared_ones as check_structure
 
 import runner.cli.compose as cli_compose
 from runner import init
@@ -24,6 +22,10 @@ from runner.config.paths import config_dir
 from runner.run.build import check_config
 from runner.run.folder import load_checkpoint
 from runner.run.train import train
+from tests.conftest import TINY, compose
+from tests.init.test_init_structure import (
+    test_every_parameter_is_set_and_the_changes_are_the_declared_ones as check_structure,
+)
 
 SCHEME_FILE = '''
 """init=constant_fc: every fc1 weight starts at one value (a throwaway scheme for a test)."""

@@ -3,10 +3,10 @@ names the fix; the compatible choice of each scheme validates."""
 from __future__ import annotations
 
 import pytest
-from conftest import compose
 
 from runner.config import ConfigError
 from runner.run.build import check_config
+from tests.conftest import compose
 
 # scheme -> (overrides that must fail, fragment of the fix, overrides that must pass)
 CASES = {

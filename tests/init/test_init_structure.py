@@ -10,10 +10,10 @@ from fnmatch import fnmatch
 
 import pytest
 import torch
-from init_helpers import initialized, make_batch, make_cfg, make_model
 
 from runner.init import SCHEMES, residual_spec
 from runner.init import apply as init_apply
+from tests.init.init_helpers import initialized, make_batch, make_cfg, make_model
 
 ALL = sorted(SCHEMES)
 WEIGHTS = {f"{side}.{sub}.{p}" for side, subs in (("encoder", ("self_attn",)),

@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, compose
 
 from runner.run.folder import LAST
 from runner.run.train import train
+from tests.conftest import TINY, compose
 
 FAST = [*TINY, "trainer.final_bleu=false", "trainer.save_interval=5", "trainer.log_interval=5",
         "trainer.valid_interval=0"]

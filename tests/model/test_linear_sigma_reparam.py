@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 import torch
-from conftest import TINY, compose
-from method_helpers import initialized, make_batch, make_cfg
 from torch.nn import functional as F
 
 from runner.model.attention import MultiheadAttention
 from runner.model.linear import SigmaReparamLinear
 from runner.run.folder import LAST
 from runner.run.train import train
+from tests.conftest import TINY, compose
+from tests.method_helpers import initialized, make_batch, make_cfg
 
 
 # ----------------------------------------------------------------------------- sigma-reparam

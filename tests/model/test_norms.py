@@ -9,14 +9,14 @@ import math
 
 import pytest
 import torch
-from conftest import compose
-from method_helpers import SMALL, assert_grad_norms_finite, ln, model_for, one_thread, randomize_norms  # noqa: F401
 from torch.nn import functional as F
 
 from runner.config import ConfigError
 from runner.model.norms import DynamicTanh, ScaleNorm
 from runner.model.sublayer import PLACEMENTS
 from runner.run.build import check_config
+from tests.conftest import compose
+from tests.method_helpers import SMALL, assert_grad_norms_finite, ln, model_for, one_thread, randomize_norms  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

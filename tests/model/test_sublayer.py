@@ -9,12 +9,12 @@ import math
 
 import pytest
 import torch
-from conftest import compose
-from method_helpers import SMALL, assert_grad_norms_finite, ln, model_for, one_thread, randomize_norms  # noqa: F401
 
 from runner.config import ConfigError
 from runner.model.sublayer import PLACEMENTS, SCHEDULES, mix_post_layers
 from runner.run.build import check_config
+from tests.conftest import compose
+from tests.method_helpers import SMALL, assert_grad_norms_finite, ln, model_for, one_thread, randomize_norms  # noqa: F401
 
 LayerNorm, Identity = torch.nn.LayerNorm, torch.nn.Identity
 
