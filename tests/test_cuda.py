@@ -270,7 +270,7 @@ def test_beam_search_on_gpu_gives_the_cpu_hypotheses(tmp_path):
 def test_beam_search_waits_for_the_gpu_once_a_step(beam, monkeypatch):
     """A decode step reads the device once (runner.decode.search._to_host); any other read
     would stop the host from queueing the next step's kernels while the GPU runs. The CPU
-    counterpart (tests/test_decode.py) counts the torch ops and copies that would wait."""
+    counterpart (tests/decode/test_search.py) counts the torch ops and copies that would wait."""
     cuda_only()
     import warnings
 

@@ -2,7 +2,7 @@
 placements in runner/model/sublayer.py): each forward quantity recomputed from the paper's
 equation with hand-built tensors (torch's functional ops, not the model's code paths), the init
 values, and `analyze grad-norms` on the new norms. Which init schemes accept B2T and ResiDual:
-tests/init/test_init_requirements.py; a training run per method: tests/test_train.py."""
+tests/init/test_requirements.py; a training run per method: tests/run/test_train.py."""
 from __future__ import annotations
 
 import math

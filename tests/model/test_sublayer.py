@@ -2,7 +2,7 @@
 LayerNorm Scaling (norm.layernorm_scaling=true). Each layer's output recomputed from the paper's
 equation with LayerNorm written from its definition, the expected slot counts worked out by hand,
 the config rules, and `analyze grad-norms` on them. Which init schemes accept these placements:
-tests/init/test_init_requirements.py; a training run per method: tests/test_train.py."""
+tests/init/test_requirements.py; a training run per method: tests/run/test_train.py."""
 from __future__ import annotations
 
 import math

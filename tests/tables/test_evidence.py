@@ -1,6 +1,6 @@
 """runner/tables/evidence.py (with claims.py and statistics.py) under rule book v1 (kept to show old verdicts beside new): bootstrap CIs, sign
 test, paired differences and every verdict branch of `judge`. Rule book v2 and the t-based
-statistics: tests/test_rulebook.py.
+statistics: tests/tables/test_rulebook.py.
 
 Expected values are computed here independently of the implementation (hand values, brute-force
 enumeration, the statistics module), not by calling the code under test a second way.

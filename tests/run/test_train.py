@@ -200,8 +200,8 @@ METHODS = {
                        "optim.momentum=0.9", "schedule=constant", "model.activation_checkpointing=true"]),
     "dyt": (20, ["norm=pre", "norm.kind=dyt", "optim=adam", "warmup.updates=10"]),
     "scalenorm_fixnorm": (20, ["norm=pre", "norm.kind=scalenorm", "model.fixnorm=true", "trainer.update_freq=2"]),
-    # QK-norm, sigma-reparam (tests/model/test_attention_qk_norm.py, test_linear_sigma_reparam.py),
-    # LayerScale and Depth-muP/CompleteP (tests/init/test_init_layerscale_depth_mup.py)
+    # QK-norm, sigma-reparam (tests/model/test_attention_qk_norm.py, test_linear.py),
+    # LayerScale and Depth-muP/CompleteP (tests/init/test_layerscale_depth_mup.py)
     "qk_l2": (10, ["model.qk_norm=l2"]),
     "qk_ln_radam_nowarmup": (10, ["model.qk_norm=layernorm", "norm=pre", "optim=radam", "warmup.updates=0"]),
     "sigma_one_admin": (10, ["model.sigma_reparam=true", "model.sigma_reparam_gamma_init=one", "init=admin"]),

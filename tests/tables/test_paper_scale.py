@@ -1,7 +1,7 @@
 """SCALE=paper proven to run, not only written (docs/reproductions.md, "Paper scale").
 
 Without a GPU and without the real corpora: a fake IWSLT'14 raw archive in the WIT3 layout (the
-one tests/data/test_data_prepare.py builds) goes through `deepinit data prepare iwslt14`, and a few
+one tests/data/test_prepare.py builds) goes through `deepinit data prepare iwslt14`, and a few
 hundred BPE'd-looking lines stand in for the prepared WMT'14 En-De folder. Then every cell of every
 paper-scale preset composes and passes check_config, and the largest model of each preset (the
 most layers; the last such cell in plan order) trains for 2 updates on CPU at its real size through
@@ -52,10 +52,10 @@ PAPER_TARGETS = sorted({name for name, _ in PAPER_PARTS})
 
 
 def _fake_iwslt_tgz(path: Path) -> Path:
-    """tests/data/test_data_prepare.py's small de-en.tgz in the WIT3 2014-01 layout (46 pairs,
+    """tests/data/test_prepare.py's small de-en.tgz in the WIT3 2014-01 layout (46 pairs,
     2 of them cleaned away, the five test sets as XML)."""
     spec = importlib.util.spec_from_file_location(
-        "_paper_scale_prepare_helpers", REPO / "tests" / "data" / "test_data_prepare.py")
+        "_paper_scale_prepare_helpers", REPO / "tests" / "data" / "test_prepare.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module._fake_tgz(path)

@@ -23,7 +23,7 @@ from runner.cli.report import main as main_report
 from runner.sweep.report import load_sweep
 from tests.process_control import all_processes, holding_files_under, send, wait_pending
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "tests" / "sweep_probe_app.py"
 DEEPINIT = Path(sys.executable).with_name("deepinit")
 # A tiny, fast training run: the point is dispatch, not learning.

@@ -23,7 +23,7 @@ from runner.run.build import check_config
 from runner.run.folder import load_checkpoint
 from runner.run.train import train
 from tests.conftest import TINY, compose
-from tests.init.test_init_structure import (
+from tests.init.test_structure import (
     test_every_parameter_is_set_and_the_changes_are_the_declared_ones as check_structure,
 )
 

@@ -14,7 +14,7 @@ import pytest
 from runner.cli.report import main as main_report
 from runner.sweep.report import axis_value, default_metric, expected_cells, isolation_rows, load_sweep
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "tests" / "sweep_probe_app.py"
 
 

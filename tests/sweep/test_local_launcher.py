@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import run_cli_here
 from tests.process_control import holding_files_under, send, wait_pending
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "tests" / "sweep_probe_app.py"
 
 
