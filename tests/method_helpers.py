@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from conftest import compose
 
 from runner import init as init_schemes
 from runner.analysis import common, grad_norms
@@ -19,6 +18,7 @@ from runner.model.sublayer import norm_options_for
 from runner.run.build import check_config
 from runner.run.build import model_for as build_model
 from runner.train.optim import build_optimizer, set_lr
+from tests.conftest import compose
 
 SMALL = ["model=ci", "model.dropout=0.0", "data.toy.train_size=200", "data.toy.valid_size=20",
          "data.toy.test_size=20"]

@@ -1,6 +1,6 @@
 """A stand-in task for sweep tests: composes deepinit's real config (conf/, presets, launchers)
 but, instead of training, writes what a run folder would hold (PROBE_MODE=fake_train) or records
-the environment the launcher gave it (PROBE_MODE=probe). Used by test_sweep_report.py,
+the environment the launcher gave it (PROBE_MODE=probe). Used by tests/sweep/test_report.py,
 test_local_launcher.py and test_slurm.py so they exercise Hydra and the launchers for real
 without depending on training speed."""
 import json

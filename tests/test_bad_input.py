@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-from conftest import compose
 
 from runner import init as init_schemes
 from runner.data.batching import collate, make_batches
@@ -21,6 +20,7 @@ from runner.decode.search import beam_search, greedy_search
 from runner.model import kernels
 from runner.run.build import model_for as build_model
 from runner.run.train import train
+from tests.conftest import compose
 
 
 def model_and_batch(overrides):

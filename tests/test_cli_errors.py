@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DEEPINIT, TINY, run_cli, run_cli_all
+
+from tests.conftest import DEEPINIT, TINY, run_cli, run_cli_all
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import io
 import json
 
-from conftest import TINY, run_cli_here
 from rich.console import Console
 
 from runner import console as console_module
 from runner.console import Overview, overview_text, progress_bar, track
+from tests.conftest import TINY, run_cli_here
 
 MAX_LINE = 200
 
@@ -73,7 +73,7 @@ def test_help_piped_into_a_reader_that_exits_early_stops_quietly():
     exits with SIGPIPE's status (141, as Unix tools do) and prints no traceback."""
     import subprocess
 
-    from conftest import DEEPINIT
+    from tests.conftest import DEEPINIT
 
     for args in (["--help"], ["reproduce", "list"]):
         proc = subprocess.Popen([str(DEEPINIT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

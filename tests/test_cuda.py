@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, compose
 
 from runner.run.build import build_run
 from runner.run.evaluate import evaluate_run
 from runner.run.train import train
 from runner.train.loop import Trainer
+from tests.conftest import TINY, compose
 
 DEVICE = os.environ.get("DEEPINIT_CUDA_TEST_DEVICE", "cuda")
 pytestmark = [
@@ -270,7 +270,7 @@ def test_beam_search_on_gpu_gives_the_cpu_hypotheses(tmp_path):
 def test_beam_search_waits_for_the_gpu_once_a_step(beam, monkeypatch):
     """A decode step reads the device once (runner.decode.search._to_host); any other read
     would stop the host from queueing the next step's kernels while the GPU runs. The CPU
-    counterpart (tests/test_decode.py) counts the torch ops and copies that would wait."""
+    counterpart (tests/decode/test_search.py) counts the torch ops and copies that would wait."""
     cuda_only()
     import warnings
 

@@ -9,7 +9,8 @@ import sys
 import sysconfig
 
 import pytest
-from conftest import REPO, TINY
+
+from tests.conftest import REPO, TINY
 
 
 def test_every_runner_package_is_listed_for_the_wheel():

@@ -9,7 +9,8 @@ recipes and the papers' numbers."""
 from __future__ import annotations
 
 import pytest
-from docs_numbers import (
+
+from tests.docs_numbers import (
     NUMBER,
     REPO,
     Num,

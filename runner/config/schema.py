@@ -77,7 +77,7 @@ class ModelConfig:
 
 
 # The norm placements, one per PLACEMENTS entry in runner/model/sublayer.py (the slot table;
-# tests/test_config.py checks the two agree, and the conf/norm options, README and docs against them).
+# tests/config/test_validate.py checks the two agree, and the conf/norm options, README and docs against them).
 Placement = Literal["post", "pre", "none", "sandwich", "b2t", "resi_dual", "mix", "peri"]
 
 

@@ -5,7 +5,7 @@ are lowercased, so a new score on IWSLT'14 or Multi30k's tok/ files says `case:l
 scored before that say `case:mixed` for the same number: sacreBLEU was case-sensitive, but
 hypotheses and references were both lowercase already (the hypotheses come from a vocabulary
 learned on the same lowercased text), and lowercasing lowercased text changes nothing, so the
-case-sensitive and the case-insensitive score are equal (tests/data/test_data_bleu.py checks it
+case-sensitive and the case-insensitive score are equal (tests/decode/test_scoring.py checks it
 with sacreBLEU). Only the label was wrong; `sacrebleu_signature(record)` gives the true one.
 
 A record holds no reference text, so whether its references were lowercased is read from its

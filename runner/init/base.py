@@ -75,7 +75,7 @@ class InitScheme:
       runner.config.InitConfig declared in the scheme's file (choices as Literal types,
       @runner.config.options.options), named by conf/init/<name>.yaml's defaults list.
     changes: what apply() changes relative to the xavier baseline from the same seed, as role
-      patterns (BRANCH_WEIGHTS above); tests/init/test_init_structure.py checks it.
+      patterns (BRANCH_WEIGHTS above); tests/init/test_structure.py checks it.
     placements: the norm placements the scheme is defined for. Both stacks' placements (with
       norm.encoder_placement / norm.decoder_placement) must be among them; None = any.
     requirements(cfg): further rules, one line per violation, each naming the override to change.

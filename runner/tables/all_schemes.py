@@ -31,7 +31,7 @@ ALL_SCHEMES_INTRO = (
     "method in its paper's placement, the rest of the recipe the same (a note says where a row's "
     "differs). Written from the records in results/ by `deepinit reproduce all-schemes` and after each "
     "cell of these suites.")
-# The sections and their suites; tests/test_all_schemes.py composes every arm and checks that the
+# The sections and their suites; tests/tables/test_all_schemes.py composes every arm and checks that the
 # recipe is the same but for the options the arm's `method=` sets (the SGD control's optimizer among
 # them) and, between the sections, the warmup.
 ALL_SCHEMES_SECTIONS: dict[str, tuple[TableSource, ...]] = {

@@ -1,8 +1,8 @@
 """Statistics over seeds: intervals of a mean and of paired differences, the tests the rule book
 decides claims by, and their power (runner/tables/rulebook.py says which applies where).
 
-Every function is checked against scipy.stats on hand-made values (tests/test_rulebook.py,
-tests/test_evidence.py). Holm's correction, the F-test of a variance ratio and the TOST are
+Every function is checked against scipy.stats on hand-made values (tests/tables/test_rulebook.py,
+tests/tables/test_evidence.py). Holm's correction, the F-test of a variance ratio and the TOST are
 written here from scipy's distributions: scipy.stats offers the distributions, not these tests,
 and statsmodels would be a large dependency for these few lines.
 """

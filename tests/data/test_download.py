@@ -10,9 +10,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
-from http_files import FileServer, sha256
-from http_files import tgz as _tgz
 
 import runner.data.download as dl
 from runner.cli import main as deepinit_main
@@ -20,6 +17,9 @@ from runner.cli.data import main as main_data
 from runner.data.corpus import read_lines
 from runner.data.download import DownloadError, RemoteCorpus, RemoteFile, download, fetch_file, safe_unpack
 from runner.data.prepare import prepare_iwslt14
+from tests.conftest import run_cli
+from tests.data.http_files import FileServer, sha256
+from tests.data.http_files import tgz as _tgz
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import compose, run_cli_here
 
 from runner.data.corpus import CorpusError
 from runner.data.lm import BPEVocab, load_text
+from tests.conftest import compose, run_cli_here
 
 WORDS = ["the", "king", "queen", "crown", "sword", "night", "speak", "thou", "art", "my", "lord",
          "é", "naïve", "—"]

@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
-from conftest import TINY, compose
-from method_helpers import PAD, VOCAB, initialized, make_batch, make_cfg
 
 from runner import init as init_schemes
 from runner.model import kernels
 from runner.model.attention import QK_NORM_EPS, L2Norm, MultiheadAttention
 from runner.run.build import model_for as build_model
+from tests.conftest import TINY, compose
+from tests.method_helpers import PAD, VOCAB, initialized, make_batch, make_cfg
 
 DIM, HEADS = 16, 2
 

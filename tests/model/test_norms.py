@@ -2,21 +2,21 @@
 placements in runner/model/sublayer.py): each forward quantity recomputed from the paper's
 equation with hand-built tensors (torch's functional ops, not the model's code paths), the init
 values, and `analyze grad-norms` on the new norms. Which init schemes accept B2T and ResiDual:
-tests/init/test_init_requirements.py; a training run per method: tests/test_train.py."""
+tests/init/test_requirements.py; a training run per method: tests/run/test_train.py."""
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-from conftest import compose
-from method_helpers import SMALL, assert_grad_norms_finite, ln, model_for, one_thread, randomize_norms  # noqa: F401
 from torch.nn import functional as F
 
 from runner.config import ConfigError
 from runner.model.norms import DynamicTanh, ScaleNorm
 from runner.model.sublayer import PLACEMENTS
 from runner.run.build import check_config
+from tests.conftest import compose
+from tests.method_helpers import SMALL, assert_grad_norms_finite, ln, model_for, one_thread, randomize_norms  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

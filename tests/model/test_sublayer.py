@@ -2,19 +2,19 @@
 LayerNorm Scaling (norm.layernorm_scaling=true). Each layer's output recomputed from the paper's
 equation with LayerNorm written from its definition, the expected slot counts worked out by hand,
 the config rules, and `analyze grad-norms` on them. Which init schemes accept these placements:
-tests/init/test_init_requirements.py; a training run per method: tests/test_train.py."""
+tests/init/test_requirements.py; a training run per method: tests/run/test_train.py."""
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-from conftest import compose
-from method_helpers import SMALL, assert_grad_norms_finite, ln, model_for, one_thread, randomize_norms  # noqa: F401
 
 from runner.config import ConfigError
 from runner.model.sublayer import PLACEMENTS, SCHEDULES, mix_post_layers
 from runner.run.build import check_config
+from tests.conftest import compose
+from tests.method_helpers import SMALL, assert_grad_norms_finite, ln, model_for, one_thread, randomize_norms  # noqa: F401
 
 LayerNorm, Identity = torch.nn.LayerNorm, torch.nn.Identity
 

@@ -1,0 +1,195 @@
+"""Every option composes; bad input is rejected with one line and exit code 2."""
+from __future__ import annotations
+
+import pytest
+
+from runner.config import ConfigError
+from runner.run.build import check_config
+from tests.conftest import REPO, compose, run_cli_all
+
+GROUPS = ["model", "norm", "init", "optim", "schedule", "warmup", "data", "trainer"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_of_every_group_composes(group):
+    found = options(group)
+    assert found, f"conf/{group} has no options"
+    for option in found:
+        cfg = compose([f"{group}={option}", "trainer.max_updates=100000"])
+        validate_or_requirement(cfg)
+
+
+def validate_or_requirement(cfg):
+    """A scheme may require another placement: that must be a ConfigError naming the fix."""
+    try:
+        check_config(cfg)
+    except ConfigError as err:
+        assert "norm=" in str(err) or "use " in str(err), err
+
+
+def test_names_that_scripts_rely_on():
+    cfg = compose(["trainer.max_updates=7", "trainer.max_epochs=3", "trainer.seed=5",
+                   "trainer.device=cpu", "model=small", "model.layers=18", "norm=pre",
+                   "init=xavier", "optim=radam", "optim.lr=3e-4", "optim.beta1=0.8",
+                   "optim.beta2=0.995", "warmup=none", "data=toy"])
+    assert (cfg.trainer.max_updates, cfg.trainer.max_epochs, cfg.trainer.seed) == (7, 3, 5)
+    assert cfg.model.num_encoder_layers == cfg.model.num_decoder_layers == 18
+    assert (cfg.model.dim, cfg.model.ffn_dim, cfg.model.heads) == (512, 1024, 4)
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2) == ("radam", 3e-4, 0.8, 0.995)
+    assert cfg.warmup.updates == 0 and cfg.norm.placement == "pre"
+    cfg = compose(["warmup.updates=6000", "model.encoder_layers=12", "model.decoder_layers=3"])
+    assert cfg.warmup.updates == 6000
+    assert (cfg.model.num_encoder_layers, cfg.model.num_decoder_layers) == (12, 3)
+
+
+def test_size_presets_match_the_papers():
+    """fairseq's transformer_iwslt_de_en (small) and transformer_wmt_en_de (base)
+    (fairseq/models/transformer.py), T-Fixup's big and its 64-128-2 ultra-deep width (Huang et al.
+    2020, Fig. 4(b)); tiny is that width at 6+6 layers."""
+    expected = {"small": (512, 1024, 4), "base": (512, 2048, 8), "big": (1024, 4096, 16),
+                "ultradeep": (64, 128, 2), "tiny": (64, 128, 2)}
+    for preset, dims in expected.items():
+        cfg = compose([f"model={preset}"])
+        assert (cfg.model.dim, cfg.model.ffn_dim, cfg.model.heads) == dims
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["model.layers=-1"], "model.layers"),
+    (["model.encoder_layers=0"], "model.encoder_layers"),
+    (["schedule=linear", "schedule.min_lr=-1"], "schedule.min_lr"),
+    (["warmup.updates=5000", "trainer.max_updates=100"], "warmup.updates"),
+    (["optim.lr=0"], "optim.lr"),
+    (["optim.beta2=1.5"], "optim.beta2"),
+    (["model.dim=30", "model.heads=4"], "model.dim"),
+    (["norm.kind=batchnorm"], "norm.kind"),
+    (["norm=none", "norm.final_norm=true"], "norm=none"),
+    (["model.share_embeddings=all", "data.joined_dictionary=false"], "model.share_embeddings"),
+    (["trainer.device=cpu", "trainer.precision=fp16"], "trainer.precision"),
+    (["init=no_such_scheme"], None),
+])
+def test_impossible_combinations_name_the_key(overrides, key):
+    if key is None:  # an unknown group option is Hydra's error, at composition
+        with pytest.raises(Exception):
+            compose(overrides)
+        return
+    cfg = compose(overrides)
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg)
+    assert key in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+BAD_INPUT = [
+    (["model.no_such_key=1"], "no_such_key"),
+    (["trainer.max_updates=abc"], "max_updates"),
+    (["norm=diagonal"], "norm"),
+    (["model.layers=-2"], "model.layers"),
+    (["warmup.updates=500", "trainer.max_updates=10"], "warmup.updates"),
+    (["schedule=linear", "schedule.min_lr=-0.1"], "schedule.min_lr"),
+    (["trainer.early_stop.min_delta=-0.5"], "trainer.early_stop.min_delta"),
+    (["-m", "optim.lr=1e-4,5e-4", "--cfg", "job"], "Only one of"),  # Hydra's own flag check
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory) -> dict:
+    """`deepinit train ARGS hydra.run.dir=FOLDER/run` for each bad input, each in its own process
+    and folder, side by side: {tuple(ARGS): (FOLDER, the process)}."""
+    folders = {tuple(args): tmp_path_factory.mktemp("bad_input") for args, _ in BAD_INPUT}
+    procs = run_cli_all({key: (["train", *key, f"hydra.run.dir={folder / 'run'}"], folder)
+                         for key, folder in folders.items()})
+    return {key: (folders[key], procs[key]) for key in folders}
+
+
+@pytest.mark.parametrize("args, needle", BAD_INPUT)
+def test_cli_bad_input_exit_2_no_traceback(bad_input_runs, args, needle):
+    tmp_path, proc = bad_input_runs[tuple(args)]
+    run_dir = tmp_path / "run"
+    assert proc.returncode == 2, proc.stderr + proc.stdout
+    text = proc.stderr + proc.stdout
+    assert needle in text
+    assert "Traceback" not in text
+    # Nothing is left in the run folder but the error in train.log.
+    if run_dir.exists():
+        left = sorted(p.name for p in run_dir.iterdir())
+        assert left == ["train.log"], left
+        assert needle in (run_dir / "train.log").read_text()
+
+
+# ------------------------------------------------- the registries against the config, conf/ and docs
+def _override_list(text: str, group: str) -> list[str]:
+    """The options of the first `group=a|b|c` override list in a document."""
+    import re
+
+    found = re.search(rf"`{group}=([\w|]+)`", text)
+    assert found, f"no `{group}=...|...` list"
+    return found[1].split("|")
+
+
+def test_placements_are_the_slot_table_everywhere():
+    """One list of placements: PLACEMENTS (runner/model/sublayer.py) is the registry; the config's
+    Literal, conf/norm's options and the README's and docs' lists are checked against it."""
+    import yaml
+
+    from runner.config import NormConfig
+    from runner.config.options import choices
+    from runner.model.sublayer import PLACEMENTS
+
+    placements = list(choices(NormConfig)["placement"])  # the Literal's order, the docs' order
+    assert sorted(placements) == sorted(PLACEMENTS)
+    placed = {p.stem: yaml.safe_load(p.read_text()).get("placement") for p in (REPO / "conf" / "norm").glob("*.yaml")}
+    assert set(PLACEMENTS) <= set(placed), "a placement without conf/norm/<name>.yaml"
+    assert {v for v in placed.values() if v is not None} <= set(PLACEMENTS)
+    assert all(placed[name] == name for name in PLACEMENTS)  # norm=<placement> sets that placement
+    readme = (REPO / "README.md").read_text()
+    assert _override_list(readme, "norm") == [*placements, *sorted(set(placed) - set(PLACEMENTS))]
+    assert sorted(_override_list((REPO / "docs" / "lm.md").read_text(), "norm")) == sorted(PLACEMENTS)
+
+
+def test_init_schemes_are_the_registry_everywhere():
+    """SCHEMES (runner/init/__init__.py) is the registry: every scheme has conf/init/<name>.yaml
+    naming its options' schema, and the README's and docs/methods.md's lists are the registry's."""
+    import re
+
+    import yaml
+
+    from runner.init import SCHEMES
+
+    for name in SCHEMES:
+        data = yaml.safe_load((REPO / "conf" / "init" / f"{name}.yaml").read_text())
+        assert data["name"] == name and data["defaults"][0] == f"/init_options/{name}@_here_", name
+        assert SCHEMES[name].name == name
+    assert options("init") == sorted(SCHEMES)
+    assert _override_list((REPO / "README.md").read_text(), "init") == list(SCHEMES)
+    methods = (REPO / "docs" / "methods.md").read_text()
+    table = re.findall(r"^\| `(\w+)` \|", methods.split("\n## ", 1)[0], flags=re.M)
+    assert table == list(SCHEMES), "docs/methods.md's table of schemes"
+    assert all(f"runner/init/{name}.py" in methods for name in SCHEMES)
+
+
+def test_init_options_are_typed_per_scheme():
+    """A scheme's option fails as an unknown key under another scheme and a wrong choice in one
+    line naming the allowed values; a stored config with the old flat init fields still loads."""
+    from runner.config import config_from_dict, to_dict
+    from runner.init import options_class
+    from runner.init.admin import AdminOptions
+    from runner.model.sublayer import norm_options_class
+
+    with pytest.raises(ConfigError, match=r"unknown key init\.omega \(an option of init=admin and "
+                                          r"init=admin_torch: choose that scheme first\); init has: name$"):
+        compose(["init.omega=scalar"])
+    with pytest.raises(ConfigError) as err:
+        check_config(compose(["init=admin", "init.omega=scaler"]))
+    assert str(err.value) == "init.omega='scaler': expected one of vector, scalar, constant"
+    cfg = compose(["init=admin_torch", "init.omega=scalar", "init.output_change_scale='O(1)'"])
+    assert type(cfg.init).__name__ == "AdminTorchOptions" and isinstance(cfg.init, AdminOptions)
+    assert config_from_dict(to_dict(cfg), options_class, norm_options_class) == cfg
+    legacy = to_dict(compose(["init=admin"]))
+    legacy["init"].update(lipschitz_scale=1.0, deepnorm_variant="paper", alpha_ramp_step=0.0)
+    assert config_from_dict(legacy, options_class, norm_options_class).init == AdminOptions(name="admin")
+    with pytest.raises(ConfigError, match="not a deepinit config"):
+        config_from_dict({"init": {"name": "admin", "omegaa": "vector"}}, options_class, norm_options_class)
