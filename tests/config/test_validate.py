@@ -145,6 +145,11 @@ def test_placements_are_the_slot_table_everywhere():
     assert set(PLACEMENTS) <= set(placed), "a placement without conf/norm/<name>.yaml"
     assert {v for v in placed.values() if v is not None} <= set(PLACEMENTS)
     assert all(placed[name] == name for name in PLACEMENTS)  # norm=<placement> sets that placement
+    # a placement with options of its own: conf/norm/<name>.yaml names their schema
+    from runner.model.sublayer import PLACEMENT_OPTIONS
+    for name in PLACEMENT_OPTIONS:
+        data = yaml.safe_load((REPO / "conf" / "norm" / f"{name}.yaml").read_text())
+        assert data["defaults"][0] == f"/norm_options/{name}@_here_", name
     readme = (REPO / "README.md").read_text()
     assert _override_list(readme, "norm") == [*placements, *sorted(set(placed) - set(PLACEMENTS))]
     assert sorted(_override_list((REPO / "docs" / "lm.md").read_text(), "norm")) == sorted(PLACEMENTS)
@@ -193,3 +198,35 @@ def test_init_options_are_typed_per_scheme():
     assert config_from_dict(legacy, options_class, norm_options_class).init == AdminOptions(name="admin")
     with pytest.raises(ConfigError, match="not a deepinit config"):
         config_from_dict({"init": {"name": "admin", "omegaa": "vector"}}, options_class, norm_options_class)
+
+
+def test_norm_options_are_typed_per_placement():
+    """A placement's option fails as an unknown key where no stack uses that placement; stacks
+    with two placements that have options get both; stored configs, the old flat ones included,
+    load back with the class of the placements they use, and a config pickles (DDP workers)."""
+    import pickle
+
+    from runner.config import config_from_dict, to_dict
+    from runner.init import options_class
+    from runner.model.sublayer import B2TOptions, MixOptions, ResiDualOptions, norm_options_class
+
+    with pytest.raises(ConfigError, match=r"unknown key norm\.mix_ratio \(an option of norm=mix: "
+                                          r"choose that placement first;"):
+        compose(["norm=pre", "norm.mix_ratio=0.5"])
+    cfg = compose(["norm=mix", "norm.mix_ratio=0.5"])
+    assert type(cfg.norm) is MixOptions and cfg.norm.mix_ratio == 0.5
+    assert type(compose(["norm=pre"]).norm).__name__ == "NormConfig"
+    both = compose(["norm=resi_dual", "norm.decoder_placement=b2t", "norm.resi_dual_scale=0.05"])
+    assert isinstance(both.norm, ResiDualOptions) and isinstance(both.norm, B2TOptions)
+    assert both.norm.resi_dual_scale == 0.05 and both.norm.b2t_rescale_init is True
+    assert type(compose(["norm=pre", "norm.placement=mix"]).norm) is MixOptions  # defaults start
+    for config in (cfg, both):
+        assert config_from_dict(to_dict(config), options_class, norm_options_class) == config
+        assert pickle.loads(pickle.dumps(config)) == config
+    legacy = to_dict(compose(["norm=pre"]))
+    legacy["norm"].update(mix_ratio=0.25, resi_dual_scale=1.0, resi_dual_alpha=1.0, b2t_rescale_init=True)
+    assert config_from_dict(legacy, options_class, norm_options_class).norm == compose(["norm=pre"]).norm
+    with pytest.raises(ConfigError, match="norm.mix_ratio=1.5: expected a value in"):
+        check_config(compose(["norm=mix", "norm.mix_ratio=1.5"]))
+    with pytest.raises(ConfigError, match=r"norm.kind='foo': expected one of layernorm"):
+        check_config(compose(["norm=mix", "norm.kind=foo"]))  # the base's Literal, checked in a subclass
