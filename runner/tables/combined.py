@@ -46,43 +46,113 @@ def _scored_by_seed(members: Sequence[SuiteCell], metric: str = "bleu") -> dict[
             and c.record.get(metric) is not None and math.isfinite(c.record[metric])}
 
 
-def baseline_comparisons(rows: Sequence[Sequence[SuiteCell]], base: Sequence[SuiteCell],
-                         metric: str = "bleu") -> list[str]:
-    """Each row's difference from the baseline arm, paired by seed: mean [95% paired-t interval],
-    the two-sided paired t-test's p and Holm's p over the rows compared ("-" for the baseline
-    itself and for fewer than 2 pairs)."""
+@dataclass(frozen=True)
+class Comparison:
+    """A row against its section's baseline arm, paired by seed: the differences (row minus
+    baseline, in the metric's own sign), the two-sided paired t-test's p and Holm's p over the
+    section's rows. `diffs` None: the baseline itself, or fewer than 2 seeds in common."""
+
+    baseline: bool = False
+    diffs: Optional[list[float]] = None
+    p: Optional[float] = None
+    holm_p: Optional[float] = None
+
+    def text(self) -> str:
+        if self.diffs is None:
+            return "baseline" if self.baseline else "-"
+        s = summarize(self.diffs)
+        return f"{s.mean:+.2f} [{s.ci_low:+.2f}, {s.ci_high:+.2f}] p={self.p:.2g}, Holm {self.holm_p:.2g}"
+
+
+def compare_with_baseline(rows: Sequence[Sequence[SuiteCell]], base: Sequence[SuiteCell],
+                          metric: str = "bleu") -> list[Comparison]:
+    """Each row against the baseline arm, paired by seed over the seeds both trained (Comparison);
+    Holm's correction runs over the rows compared."""
     base_by_seed = _scored_by_seed(base, metric)
     diffs: list[Optional[list[float]]] = []
-    for members in rows:
+    is_base = [list(members) == list(base) for members in rows]  # the same cells, not equal records
+    for members, same in zip(rows, is_base):
         by_seed = _scored_by_seed(members, metric)
         common = sorted(set(by_seed) & set(base_by_seed))
-        same = [c.record for c in members] == [c.record for c in base]
         diffs.append(None if same or len(common) < 2 else [by_seed[s] - base_by_seed[s] for s in common])
     tested = [i for i, d in enumerate(diffs) if d is not None]
     pvalues = [paired_t_test(diffs[i], alternative="two-sided") for i in tested]
     adjusted = dict(zip(tested, holm(pvalues)))
     raw = dict(zip(tested, pvalues))
-    out = []
-    for i, d in enumerate(diffs):
-        if d is None:
-            out.append("baseline" if [c.record for c in rows[i]] == [c.record for c in base] else "-")
-            continue
-        s = summarize(d)
-        out.append(f"{s.mean:+.2f} [{s.ci_low:+.2f}, {s.ci_high:+.2f}] p={raw[i]:.2g}, Holm {adjusted[i]:.2g}")
-    return out
+    return [Comparison(baseline=same, diffs=d, p=raw.get(i), holm_p=adjusted.get(i))
+            for i, (d, same) in enumerate(zip(diffs, is_base))]
 
 
-BASELINE_NOTE = ("vs {name}: the row's BLEU (tok) minus the baseline's on the same seeds, mean [95% paired-t "
+def baseline_comparisons(rows: Sequence[Sequence[SuiteCell]], base: Sequence[SuiteCell],
+                         metric: str = "bleu") -> list[str]:
+    """Each row's difference from the baseline arm, paired by seed: mean [95% paired-t interval],
+    the two-sided paired t-test's p and Holm's p over the rows compared ("-" for the baseline
+    itself and for fewer than 2 pairs)."""
+    return [c.text() for c in compare_with_baseline(rows, base, metric)]
+
+
+@dataclass(frozen=True)
+class TableMetric:
+    """What a gathered table ranks its rows by and compares them with the baseline on."""
+
+    key: str = "bleu"  # the record's field
+    label: str = "BLEU (tok)"  # its column's name
+    higher_is_better: bool = True
+
+
+BLEU = TableMetric()
+VALID_LOSS = TableMetric("best_valid_loss", "best valid loss", higher_is_better=False)
+
+BASELINE_NOTE = ("vs {name}: the row's {label} minus the baseline's on the same seeds, mean [95% paired-t "
                  "interval], the two-sided paired t-test's p and Holm's correction over the section's rows "
                  "(seeds that did not train are left out of both).")
 
 
+@dataclass
+class SectionRow:
+    """One arm in a section of a gathered table."""
+
+    name: str  # the arm's axes, less those the section fixes
+    suite: str
+    members: list[SuiteCell]
+    failed: int  # seeds that did not train (rule book outcomes)
+    records: int  # seeds with a record
+    comparison: Optional[Comparison] = None  # against the section's baseline arm
+
+    @property
+    def method(self) -> Optional[str]:
+        return next((v for k, v in self.members[0].arm.items() if k == "method"), None) if self.members else None
+
+
+def section_rows(parts: Sequence[TableRows], baseline: Optional[tuple[str, dict]] = None,
+                 metric: TableMetric = BLEU) -> list[SectionRow]:
+    """The arms of one section, in the order of its parts, each compared with the section's
+    baseline arm when the section has it."""
+    rows: list[SectionRow] = []
+    for part in parts:
+        decoded = suite_decodes(part.cells)
+        for arm, members in arms_of(part.cells).items():
+            records = [c.record for c in members if c.record is not None]
+            rows.append(SectionRow(
+                name=" ".join(f"{k}={v}" for k, v in arm if k not in part.drop) or "all",
+                suite=part.suite, members=list(members),
+                failed=sum(cell_outcome(r, decoded) in NOT_TRAINED for r in records), records=len(records)))
+    base = next((members for part in parts if baseline and part.suite == baseline[0]
+                 for arm, members in arms_of(part.cells).items() if selector_matches(dict(arm), baseline[1])), None)
+    if base is not None:
+        for row, comparison in zip(rows, compare_with_baseline([r.members for r in rows], base, metric.key)):
+            row.comparison = comparison
+    return rows
+
+
 def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequence[TableRows]]],
-                    baseline: Optional[tuple[str, dict]] = None) -> str:
+                    baseline: Optional[tuple[str, dict]] = None, metric: TableMetric = BLEU,
+                    closing: Sequence[str] = ()) -> str:
     """One markdown page of several suites' arms, a table per section: each arm's statistics as in
     its own suite's report, the rows sorted by the share of their seeds that did not train, then by
-    mean BLEU (arms without a record last). `baseline` (suite, selector) names an arm each section
-    is compared with, paired by seed (a last column)."""
+    the mean of `metric`, best first (arms without a record last). `baseline` (suite, selector)
+    names an arm each section is compared with on `metric`, paired by seed (a last column);
+    `closing` lines go after the tables' notes."""
     done = [c.record for _, parts in sections for part in parts for c in part.cells if c.record is not None]
     planned = sum(len(part.cells) for _, parts in sections for part in parts)
     last = any(has_bleu_last(part.cells) for _, parts in sections for part in parts)
@@ -90,44 +160,42 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
     header = ["arm", "suite", *arm_columns(last), "CPU min", *([f"vs {base_name}"] if baseline else [])]
     lines = [f"# {title}", "", intro, "",
              f"{len(done)} of {planned} cells trained. Each arm: {MEAN_WORDS} Rows: "
-             "the arms whose seeds all trained first, by mean BLEU, then those with seeds that did not "
-             "train, then those without a record. The claims and their verdicts are in each suite's "
-             "own report (results/<suite>/real/report.md).", "",
+             f"the arms whose seeds all trained first, by mean {metric.label.split(' (')[0]}, then those "
+             "with seeds that did not train, then those without a record. The claims and their "
+             "verdicts are in each suite's own report (results/<suite>/real/report.md).", "",
              provenance(done), ""]
+    sign = -1.0 if metric.higher_is_better else 1.0
     for heading, parts in sections:
-        rows, notes, arm_cells = [], [], []
-        base = next((members for part in parts if baseline and part.suite == baseline[0]
-                     for arm, members in arms_of(part.cells).items() if selector_matches(dict(arm), baseline[1])), None)
+        rows, notes = [], []
+        section = section_rows(parts, baseline, metric)
+        for row in section:
+            records = [c.record for c in row.members if c.record is not None]
+            decoded = suite_decodes(next(p.cells for p in parts if p.suite == row.suite))
+            value = finite_mean(finite_values(records, metric.key))
+            order = ((row.failed / row.records, sign * value if value is not None else math.inf)
+                     if row.records else (2.0, 0.0))
+            cells = [row.name, row.suite, *arm_row(row.members, last=last, decoded=decoded)]
+            if baseline:
+                cells.append(row.comparison.text() if row.comparison is not None else "-")
+            rows.append((order, cells))
         for part in parts:
-            for arm, members in arms_of(part.cells).items():
-                name = " ".join(f"{k}={v}" for k, v in arm if k not in part.drop) or "all"
-                records = [c.record for c in members if c.record is not None]
-                decoded = suite_decodes(part.cells)
-                failed = sum(cell_outcome(r, decoded) in NOT_TRAINED for r in records)
-                bleu = finite_mean(finite_values(records, "bleu"))
-                order = (failed / len(records), -bleu if bleu is not None else math.inf) if records else (2.0, 0.0)
-                rows.append((order, [name, part.suite, *arm_row(members, last=last, decoded=decoded)]))
-                arm_cells.append(members)
-                if part.note:
-                    notes.append(f"- {name} ({part.suite}): {part.note}")
-        if base is not None:
-            for row, text in zip(rows, baseline_comparisons(arm_cells, base)):
-                row[1].append(text)
-        elif baseline:
-            rows = [(order, [*row, "-"]) for order, row in rows]
+            if part.note:
+                notes += [f"- {name} ({part.suite}): {part.note}" for name in
+                          (r.name for r in section if r.suite == part.suite and r.members[0] in part.cells)]
         rows.sort(key=lambda row: row[0])  # stable: arms without a record keep their order, last
         lines += [f"## {heading}", "", markdown_table(header, [row for _, row in rows]), "", *notes,
                   *([""] if notes else [])]
     signature = signature_note(done)  # the sacreBLEU column's true signature
-    lines += [SLOPE_NOTE, "", *([BASELINE_NOTE.format(name=base_name), ""] if baseline else []),
-              *([signature, ""] if signature else []), *([BLEU_LAST_NOTE, ""] if last else [])]
+    lines += [SLOPE_NOTE, "", *([BASELINE_NOTE.format(name=base_name, label=metric.label), ""] if baseline else []),
+              *([signature, ""] if signature else []), *([BLEU_LAST_NOTE, ""] if last else []), *closing]
     return "\n".join(lines)
 
 
 def write_combined(name: str, title: str, intro: str, sections: Sequence[tuple[str, Sequence[TableRows]]],
-                   baseline: Optional[tuple[str, dict]] = None) -> Path:
+                   baseline: Optional[tuple[str, dict]] = None, metric: TableMetric = BLEU,
+                   closing: Sequence[str] = ()) -> Path:
     out = results_dir(name)
     out.mkdir(parents=True, exist_ok=True)
-    text = render_combined(title, intro, sections, baseline)
+    text = render_combined(title, intro, sections, baseline, metric, closing)
     atomic_write_text(out / "report.md", text)  # several suites rewrite this page
     return out / "report.md"

@@ -34,12 +34,15 @@ from runner.tables.all_schemes import (
     ALL_SCHEMES_BASELINE,
     ALL_SCHEMES_INTRO,
     ALL_SCHEMES_TITLE,
+    LM_ALL_SCHEMES,
     all_schemes_sections,
+    render_lm_all_schemes,
     write_all_schemes,
 )
 from runner.tables.combined import render_combined
 from runner.tables.plan import Request, gpu_visible
 from runner.tables.real_tier import print_status, run_all_real, run_real
+from runner.tables.suite import results_dir
 from runner.tables.sweep_tier import run_sweeps
 from runner.tables.targets import SUITE_TIERS, TARGETS
 
@@ -65,13 +68,16 @@ def run(request: Request, compose: Optional[Callable[[list[str]], Config]] = Non
             print(f"deepinit reproduce {ALL_SCHEMES}: a table of the real-tier suites' records; it "
                   "takes no --scale but real and no overrides", file=sys.stderr)
             return 2
-        if request.dry_run:  # the page as it would be written; nothing is written
+        if request.dry_run:  # the pages as they would be written; nothing is written
             print(render_combined(ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, all_schemes_sections(),
                                   ALL_SCHEMES_BASELINE))
+            print(render_lm_all_schemes())
             return 0
         path = write_all_schemes()
+        lm_path = results_dir(LM_ALL_SCHEMES) / "report.md"
         print(path.read_text())
-        print(f"wrote {path}; `deepinit reproduce all --scale real` trains the cells that have no record")
+        print(f"wrote {path} and, for the language-model task beside it, {lm_path}; `deepinit "
+              "reproduce all --scale real` trains the cells that have no record")
         return 0
     if request.target == "all":
         if request.scale not in (None, "real"):

@@ -64,6 +64,18 @@ Version 2 (current):
                      (A more spread) rejects; otherwise "underpowered" when the ratio it detects at
                      `power` exceeds the claim's `paper_effect` (a ratio of variances), else
                      inconclusive.
+        rank vs baseline  a row of a gathered table (the all-schemes tables) against its
+                     section's baseline arm, on the table's metric, paired by seed: "fails" when
+                     a seed of the row did not train; "better" / "worse" when the two-sided paired
+                     t-test's Holm-corrected p (over the section's rows) is below `alpha`, in the
+                     metric's better / worse direction; "no difference detected" otherwise, with
+                     at least 2 seed pairs; "incomplete" while the row or the baseline lacks
+                     planned seeds.
+        ranking agreement a method in both tasks' tables (same warmup section): "agree" when
+                     its two ranks are the same; "disagree" when one is better and the other
+                     worse, or one fails and the other does not; "detected in one task only"
+                     when one is better or worse and the other shows no difference;
+                     "undecided" while either is incomplete.
 """
 from __future__ import annotations
 
@@ -206,3 +218,36 @@ def loss_spikes(curve: Sequence[Sequence[float]], margin: float) -> Optional[int
         inside = above
         lowest = min(lowest, loss)
     return spikes
+
+
+# Ranks of a row against its section's baseline, and how two tasks' ranks of a method compare
+# (version 2's "rank vs baseline" and "ranking agreement", above).
+BETTER, WORSE, NO_DIFFERENCE, FAILS, INCOMPLETE = (
+    "better", "worse", "no difference detected", "fails", "incomplete")
+AGREE, DISAGREE, ONE_TASK, UNDECIDED = "agree", "disagree", "detected in one task only", "undecided"
+
+
+def rank_vs_baseline(diffs: Optional[Sequence[float]], holm_p: Optional[float], failed: int,
+                     complete: bool, higher_is_better: bool, book: RuleBook) -> str:
+    """A row's rank against its baseline: `diffs` the paired differences (row minus baseline),
+    `holm_p` their two-sided paired t-test's Holm-corrected p, `failed` the row's seeds that did
+    not train, `complete` whether the row and the baseline have all their planned seeds."""
+    if not complete:
+        return INCOMPLETE
+    if failed:
+        return FAILS
+    if diffs is None or len(diffs) < 2 or holm_p is None or holm_p >= book.alpha:
+        return NO_DIFFERENCE
+    mean = sum(diffs) / len(diffs)
+    return BETTER if (mean > 0) == higher_is_better else WORSE
+
+
+def ranking_agreement(first: str, second: str) -> str:
+    """How one method's ranks in two tasks compare (rank_vs_baseline's words)."""
+    if INCOMPLETE in (first, second):
+        return UNDECIDED
+    if first == second:
+        return AGREE
+    if FAILS in (first, second) or {first, second} == {BETTER, WORSE}:
+        return DISAGREE
+    return ONE_TASK

@@ -167,3 +167,48 @@ def test_a_feeding_suites_report_rewrites_the_table(tmp_path):
     r = run_cli_here(["reproduce", "mup-transfer", "--scale", "real", "--table-only"], tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "all-schemes" / "real" / "report.md").exists()  # a suite outside the table
+
+
+def test_the_lm_page_ranks_by_loss_and_sets_each_methods_rank_beside_translations(tmp_path, monkeypatch):
+    """The LM page sorts by best validation loss (lower first), compares with its Pre-LN on it,
+    and ends with each method's rank against Pre-LN in both tasks (rule book v2)."""
+    from runner.tables import all_schemes
+
+    def records(target, select, values):
+        """records.jsonl of `target`'s planned cells that match `select`: {method: per-seed value}."""
+        rows = []
+        for cell in all_schemes.all_schemes_cells(all_schemes.TableSource(target, select)):
+            value = values.get(cell.arm["method"], {}).get(cell.seed)
+            if value is not None:
+                key = "best_valid_loss" if target == "lm" else "bleu"
+                rows.append({"overrides": cell.key, "arm": cell.arm, "seed": cell.seed, "status": "ok",
+                             "bleu": None, "sacrebleu": None, "best_valid_loss": 1.5, key: value,
+                             "machine": {"git_commit": "abc"}})
+        return rows
+
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
+    lm = records("lm", {"warmup.updates": "100", "model.layers": "24", "optim.lr": "0.001"}, {
+        "pre_ln": {1: 1.50, 2: 1.52, 3: 1.51}, "dyt": {1: 1.60, 2: 1.63, 3: 1.61},  # worse: higher loss
+        "mix_ln": {1: 1.45, 2: 1.47, 3: 1.455}})  # better: lower loss
+    translation = []
+    for target, values in (("table2", {"pre_ln": {1: 35.0, 2: 35.5, 3: 36.0}}),
+                           ("schemes-norms-warmup", {"dyt": {1: 30.0, 2: 30.4, 3: 31.1},
+                                                     "mix_ln": {1: 35.1, 2: 35.4, 3: 36.2}})):
+        select = {"warmup.updates": "500"} if target == "table2" else {}
+        translation.append((target, records(target, select, values)))
+    for target, rows in (("lm", lm), *translation):
+        path = tmp_path / target / "real" / "records.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    page = all_schemes.render_lm_all_schemes()
+    section = page.split("## With 100 warmup updates")[1].split("##")[0]
+    order = [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| method=")]
+    assert order[:3] == ["| method=mix_ln", "| method=pre_ln", "| method=dyt"]  # lower loss first
+    assert "vs method=pre_ln: the row's best valid loss minus the baseline's" in page
+    ranks = page.split("## Rank against Pre-LN")[1]
+    assert "- dyt: **agree**. Language model: worse (+0.10 [" in ranks  # worse in both tasks
+    assert "translation: worse (-5.00 [" in ranks
+    assert "- mix_ln: **detected in one task only**. Language model: better (-0.05 [" in ranks
+    assert "translation: no difference detected" in ranks.split("- mix_ln")[1].splitlines()[0]
+    assert "- ln_scaling: **undecided**. Language model: incomplete;" in ranks

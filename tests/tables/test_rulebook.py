@@ -394,3 +394,31 @@ def test_fewer_spikes_is_a_better_claim_on_the_loss_spikes_metric():
               + _lm_recs(LN, [3.0, 4.0, 4.0], metric="loss_spikes"))
     assert v.verdict == "reproduced"
     assert v.details["p"] == pytest.approx(stats.ttest_rel([3.0, 4.0, 4.0], [0.0, 0.0, 1.0], alternative="greater").pvalue)
+
+
+@pytest.mark.parametrize("diffs,holm_p,failed,complete,higher,expected", [
+    ([1.0, 0.6, 1.4], 0.01, 0, True, True, "better"),
+    ([1.0, 0.6, 1.4], 0.01, 0, True, False, "worse"),  # a loss that rose
+    ([-0.02, -0.03, -0.01], 0.04, 0, True, False, "better"),  # a loss that fell
+    ([1.0, 0.6, 1.4], 0.05, 0, True, True, "no difference detected"),  # p must be below alpha
+    (None, None, 0, True, True, "no difference detected"),
+    ([1.0, 0.6, 1.4], 0.01, 1, True, True, "fails"),
+    ([1.0, 0.6, 1.4], 0.01, 0, False, True, "incomplete"),
+])
+def test_rank_against_the_baseline(diffs, holm_p, failed, complete, higher, expected):
+    from runner.tables.rulebook import rank_vs_baseline, rulebook
+    assert rank_vs_baseline(diffs, holm_p, failed, complete, higher, rulebook()) == expected
+
+
+@pytest.mark.parametrize("first,second,expected", [
+    ("better", "better", "agree"), ("fails", "fails", "agree"),
+    ("no difference detected", "no difference detected", "agree"),
+    ("better", "worse", "disagree"), ("fails", "better", "disagree"),
+    ("fails", "no difference detected", "disagree"),
+    ("worse", "no difference detected", "detected in one task only"),
+    ("incomplete", "better", "undecided"), ("worse", "incomplete", "undecided"),
+])
+def test_ranking_agreement_between_two_tasks(first, second, expected):
+    from runner.tables.rulebook import ranking_agreement
+    assert ranking_agreement(first, second) == expected
+    assert ranking_agreement(second, first) == expected
