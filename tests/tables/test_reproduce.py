@@ -2,6 +2,7 @@
 folders, the paper-scale refusal, and one real cell end to end (resumed as a no-op)."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -145,17 +146,27 @@ def test_gpu_tiers_claims_name_arms_they_train():
     assert deepest.trainer.max_updates == 2000 and deepest.warmup.updates == 0
 
 
-def test_every_real_tier_arm_composes_and_validates():
+@pytest.fixture(scope="module")
+def composed_arms() -> dict:
+    """{(preset, arm): (cell, (config, group choices, task overrides))} of the first cell of every
+    arm of every real- and gpu-tier suite, composed once for the tests that read them."""
+    from runner.cli.compose import compose_run
     from runner.tables import suite
 
-    for name, target in TARGETS.items():
+    arms = {}
+    for target in TARGETS.values():
         for part in (*target.parts.get("real", ()), *target.parts.get("gpu", ())):
-            seen = set()
             for cell in suite.plan(part.preset):
-                if tuple(cell.arm.items()) in seen:
-                    continue
-                seen.add(tuple(cell.arm.items()))
-                check_config(compose(cell.overrides))
+                key = (part.preset, tuple(cell.arm.items()))
+                if key not in arms:
+                    arms[key] = (cell, compose_run(cell.overrides))
+    return arms
+
+
+def test_every_real_tier_arm_composes_and_validates(composed_arms):
+    assert len({preset for preset, _ in composed_arms}) > 15  # every suite's, not a few
+    for cell, (cfg, _, _) in composed_arms.values():
+        check_config(copy.deepcopy(cfg))  # it fills in what the config leaves to the run
 
 
 def _method_settings(method: str) -> tuple[dict[str, str], dict[str, object]]:
@@ -174,43 +185,37 @@ def _method_settings(method: str) -> tuple[dict[str, str], dict[str, object]]:
     return groups, dict(flat(raw))
 
 
-def test_every_suite_arm_trains_the_method_it_names():
+def test_every_suite_arm_trains_the_method_it_names(composed_arms):
     """A preset's own defaults and values are merged after the method's: a preset that overrides a
     group or key that an arm's method sets would silently train another method (a preset's
     `override /optim: adam` once turned method=post_ln_sgd into Post-LN with Adam)."""
     from omegaconf import OmegaConf
 
     from runner.cli.compose import compose_run
-    from runner.tables import suite
 
     # what the chosen groups' options say the method is: a preset that set one of these (say
     # optim.name: adam) would change the method without changing the group choice
     identity = ("optim.name", "optim.momentum", "norm.placement", "norm.decoder_placement", "norm.kind",
                 "norm.embedding_norm", "init.name")
-    checked, alone_by_method = 0, {}
-    for name, target in TARGETS.items():
-        for part in (*target.parts.get("real", ()), *target.parts.get("gpu", ())):
-            seen = set()
-            for cell in suite.plan(part.preset):
-                method = cell.arm.get("method")
-                if method is None or method in seen:
-                    continue
-                seen.add(method)
-                cfg, choices, _ = compose_run(cell.overrides)
-                groups, values = _method_settings(method)
-                for group, option in groups.items():
-                    assert choices[group] == option, (part.preset, method, group, choices[group])
-                composed = OmegaConf.structured(cfg)
-                for key, value in values.items():
-                    assert OmegaConf.select(composed, key) == value, (part.preset, method, key)
-                if method not in alone_by_method:
-                    alone_by_method[method] = OmegaConf.structured(compose_run([f"method={method}"])[0])
-                alone = alone_by_method[method]
-                for key in identity:
-                    if key.split(".")[0] in groups:
-                        assert OmegaConf.select(composed, key) == OmegaConf.select(alone, key), \
-                            (part.preset, method, key)
-                checked += 1
+    checked, alone_by_method, seen = 0, {}, set()
+    for (preset, _), (cell, (cfg, choices, _)) in composed_arms.items():
+        method = cell.arm.get("method")
+        if method is None or (preset, method) in seen:
+            continue
+        seen.add((preset, method))
+        groups, values = _method_settings(method)
+        for group, option in groups.items():
+            assert choices[group] == option, (preset, method, group, choices[group])
+        composed = OmegaConf.structured(cfg)
+        for key, value in values.items():
+            assert OmegaConf.select(composed, key) == value, (preset, method, key)
+        if method not in alone_by_method:
+            alone_by_method[method] = OmegaConf.structured(compose_run([f"method={method}"])[0])
+        alone = alone_by_method[method]
+        for key in identity:
+            if key.split(".")[0] in groups:
+                assert OmegaConf.select(composed, key) == OmegaConf.select(alone, key), (preset, method, key)
+        checked += 1
     assert checked > 40  # every method arm of every suite, not a selection that matched nothing
 
 
