@@ -9,7 +9,9 @@
 #   bash ci/gpu-session.sh depth  [SECONDS] [overrides]       reproduce tfixup-depth --scale gpu
 #
 # SECONDS (default 540) bounds the step: at the limit the step gets SIGINT (SIGKILL 15 s later), so a reproduce step
-# stops its cells with a checkpoint and the same command resumes them. The reproduce steps keep
+# stops its cells with a checkpoint and the same command resumes them. A reproduce step also gives
+# its pool a deadline 30 s inside the limit (`deepinit reproduce --deadline`): no cell starts that
+# is not expected to finish by then. The reproduce steps keep
 # their records in results/<target>/gpu/ of this checkout (a variant's, made by overrides that
 # change the preset's cells, beside its run folders in $RUNS/<target>-gpu/) and copy them to $OUT.
 # Environment:
@@ -77,8 +79,12 @@ case "$step" in
   table2|depth)
     target=$([ "$step" = table2 ] && echo table2 || echo tfixup-depth)
     rc=0
+    # the pool's own deadline, 30 s inside the limit: it starts no cell that would end after it
+    # (the suite's measured time per cell, else the preset's) and stops the running ones itself,
+    # leaving the rest of the limit for the report
     timeout -k 15 -s INT "$limit" "$python" -m runner.cli reproduce "$target" --scale gpu \
-      --parallel "${PARALLEL:-1}" --out "${RUNS:-outputs/reproduce}" "$@" 2>&1 | tee "$out/$target.log" || rc=$?
+      --parallel "${PARALLEL:-1}" --out "${RUNS:-outputs/reproduce}" --deadline "$(( limit > 60 ? limit - 30 : limit ))" \
+      "$@" 2>&1 | tee "$out/$target.log" || rc=$?
     records="${DEEPINIT_RESULTS:-results}/$target/gpu"
     if [ -d "$records" ]; then cp -r "$records" "$out/$target-gpu"; fi
     # overrides that change the preset's cells (a variant) keep its records beside the run folders

@@ -83,6 +83,15 @@ def main(argv: Sequence[str]) -> int:
                    help="measure the BLEU of each real-tier cell's last checkpoint beside the average "
                         "its record scores, on the suite's run folders (default <out>/TARGET-real), "
                         "into results/TARGET/real/last-checkpoint-bleu.jsonl and .md (trains nothing)")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="real and gpu tiers: be done this many seconds from now: start a cell only "
+                        "when it is expected to finish in time (the median wall time of the suite's "
+                        "records, else the preset's minutes per cell), and stop the cells still running "
+                        "at the deadline (interrupted: the same command resumes them)")
+    p.add_argument("--bundle", type=Path, default=None, metavar="FILE.tgz",
+                   help="real and gpu tiers: afterwards, pack the suite's records, report and plots, "
+                        "each cell's log and a summary (cells trained, not started, stopped) into one "
+                        "file, for a machine that hands back only a few files")
     p.add_argument("--table-only", action="store_true",
                    help="only (re)print the table: from the run folders, or at the real tier from the "
                         "records in results/ (trains nothing)")
@@ -92,7 +101,11 @@ def main(argv: Sequence[str]) -> int:
     request = Request(target=args.target, overrides=tuple(args.overrides), scale=args.scale,
                       launcher=args.launcher, parallel=args.parallel, out=args.out,
                       suites=tuple(args.suites or ()), dry_run=args.dry_run, no_eval=args.no_eval,
-                      table_only=args.table_only)
+                      table_only=args.table_only, deadline_s=args.deadline, bundle=args.bundle)
+    if args.deadline is not None and not args.deadline > 0:
+        sys.stderr.write(f"deepinit reproduce: --deadline {args.deadline:g}: expected a positive number "
+                         "of seconds\n")
+        return 2
     attempt.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
     try:
         return reproduce.run(request, compose_cell)

@@ -33,6 +33,10 @@ class Request:
     dry_run: bool = False
     no_eval: bool = False
     table_only: bool = False
+    # real and gpu tiers: seconds from the start after which no cell runs (None: no limit); a cell
+    # that is not expected to finish before then is not started (runner/tables/pool.py)
+    deadline_s: Optional[float] = None
+    bundle: Optional[Path] = None  # real and gpu tiers: pack records, report, logs and a summary here
 
 
 @dataclass

@@ -44,26 +44,57 @@ class Job:
         return f"{self.group}: {self.cell.label}" if self.group else self.cell.label
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """When the pool must be done (time.monotonic()), and the seconds a cell is expected to take
+    (None: unknown, so a cell is started while time is left)."""
+
+    at: float
+    cell_s: Optional[float] = None
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+    def fits(self) -> bool:
+        """Whether a cell started now is expected to finish in time."""
+        return self.left() > (self.cell_s or 0.0)
+
+
+@dataclass
+class PoolOutcome:
+    """What a pool did: cells that crashed, and with a deadline, the cells it did not start
+    (expected to end after it) and those it stopped at it (interrupted; the next call resumes
+    them where there is a checkpoint)."""
+
+    crashed: int = 0
+    not_started: int = 0
+    stopped: int = 0
+    trained: int = 0
+
+
 def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int,
               on_cell_done: Optional[Callable[[str], None]] = None, *,
-              compose: Callable[[list[str]], Config]) -> int:
+              compose: Callable[[list[str]], Config], deadline: Optional[Deadline] = None) -> PoolOutcome:
     """Train the cells without a record, `parallel` at a time, one thread each; write each
-    finished cell's record at once. Returns the number of cells that crashed."""
-    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel, on_cell_done, compose=compose)
+    finished cell's record at once (run_jobs)."""
+    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel, on_cell_done,
+                    compose=compose, deadline=deadline)
 
 
 def run_jobs(jobs: Sequence[Job], parallel: int,
              on_cell_done: Optional[Callable[[str], None]] = None, *,
-             compose: Callable[[list[str]], Config]) -> int:
+             compose: Callable[[list[str]], Config], deadline: Optional[Deadline] = None) -> PoolOutcome:
     """Train the jobs in order, `parallel` at a time, one thread each, writing each finished
     cell's record at once; a slot that frees takes the next job whatever its suite, so no core
     idles between suites. `on_cell_done(group)` runs after each job of the group has ended
     (recorded or crashed), so a suite's report can follow its records cell by cell.
     Ctrl-C or SIGTERM stops the running cells (`stop_cells`) before it propagates. Each cell is a
     process of its own, `python -m runner.run RUN_DIR`, on the config `compose` makes of its
-    overrides (the CLI's composition: runner/cli/reproduce.py passes it). Returns the number of
-    cells that crashed."""
-    pool = _Pool(jobs, parallel, on_cell_done, compose)
+    overrides (the CLI's composition: runner/cli/reproduce.py passes it). With a `deadline`, a
+    cell is started only when it is expected to finish before it, and the cells still running at
+    it are stopped (interrupted, like Ctrl-C), so a machine lent until then ends with every
+    finished cell recorded. Returns what the pool did (PoolOutcome)."""
+    pool = _Pool(jobs, parallel, on_cell_done, compose, deadline)
     columns = (TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[now]}"))
     with Progress(*columns, console=console) as progress:
@@ -100,8 +131,10 @@ class _Pool:
     """run_jobs' state: the queue and the running cells (job, process, log file)."""
 
     def __init__(self, jobs: Sequence[Job], parallel: int,
-                 on_cell_done: Optional[Callable[[str], None]], compose: Callable[[list[str]], Config]):
+                 on_cell_done: Optional[Callable[[str], None]], compose: Callable[[list[str]], Config],
+                 deadline: Optional[Deadline] = None):
         self.compose = compose
+        self.deadline = deadline
         self.queue = list(jobs)
         self.parallel = parallel
         self.on_cell_done = on_cell_done
@@ -146,14 +179,28 @@ class _Pool:
         left = "" if ended == total else f", ~{format_duration(elapsed_s / ended * (total - ended))} left"
         return f"  [{ended} of {total} cells{left}]"
 
-    def run(self, progress: Progress) -> int:
+    def run(self, progress: Progress) -> PoolOutcome:
         task = progress.add_task("cells", total=len(self.queue), now="")
-        crashed, ended, total, start = 0, 0, len(self.queue), time.monotonic()
+        outcome, ended, total, start = PoolOutcome(), 0, len(self.queue), time.monotonic()
+        deadline = self.deadline
         while self.queue or self.running:
             while self.queue and len(self.running) < self.parallel:
+                if deadline is not None and not deadline.fits():
+                    outcome.not_started = len(self.queue)  # cells of a suite cost alike: none fits
+                    console.print(f"deadline: {outcome.not_started} cell(s) not started, "
+                                  f"{format_duration(max(0.0, deadline.left()))} left and ~"
+                                  f"{format_duration(deadline.cell_s or 0.0)} per cell")
+                    self.queue.clear()
+                    progress.update(task, total=ended + len(self.running))
+                    break
                 self._start(self.queue.pop(0))
                 progress.update(task, now=self._now())
-            time.sleep(2.0)
+            if deadline is not None and self.running and deadline.left() <= 0:
+                outcome.stopped = len(self.running)
+                console.print(f"deadline: stopping {outcome.stopped} running cell(s); the same command "
+                              "resumes them where they have a checkpoint")
+                stop_cells([proc for _, proc, _ in self.running], settle_s=0.0)
+            time.sleep(2.0 if deadline is None else max(0.05, min(2.0, deadline.left())))
             for item in list(self.running):
                 job, proc, log = item
                 if proc.poll() is None:
@@ -161,7 +208,12 @@ class _Pool:
                 self.running.remove(item)
                 log.close()
                 ended += 1
-                crashed += not self._finish(job, proc, self._count(ended, total, time.monotonic() - start))
+                if outcome.stopped and job.cell.record is None and not _has_record(job):
+                    progress.advance(task)
+                    continue  # stopped at the deadline: interrupted, not crashed
+                ok = self._finish(job, proc, self._count(ended, total, time.monotonic() - start))
+                outcome.crashed += not ok
+                outcome.trained += ok
                 if self.on_cell_done is not None:
                     try:
                         self.on_cell_done(job.group)
@@ -170,4 +222,10 @@ class _Pool:
                                       f"{type(err).__name__}: {err}")
                 progress.advance(task)
                 progress.update(task, now=self._now())
-        return crashed
+        return outcome
+
+
+def _has_record(job: Job) -> bool:
+    """Whether a cell stopped at the deadline had finished anyway (its run wrote a result)."""
+    record = record_from_run(job.work / job.cell.name, job.cell.key, job.cell.arm, job.cell.seed)
+    return record is not None and record["status"] not in ("failed", "interrupted")

@@ -4,15 +4,21 @@ real-tier suite's missing cells in one pool (`deepinit reproduce all`), and how 
 has got (`deepinit reproduce status`)."""
 from __future__ import annotations
 
+import io
+import json
 import os
 import sys
+import tarfile
+import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from runner.config import Config
 from runner.console import format_duration
+from runner.files import atomic_path
 from runner.run.status import OK
 from runner.sweep.plan import norm_key
 from runner.tables import pool, suite
@@ -72,14 +78,58 @@ def run_real(target: Target, request: Request, tier: str = "real",
         return path
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
-    crashed = 0 if request.table_only else pool.run_cells(cells, work, records, parallel, report, compose=compose)
+    start = time.monotonic()
+    deadline = cell_deadline(request, [c.record for c in cells if c.record], minutes)
+    outcome = (pool.PoolOutcome() if request.table_only else
+               pool.run_cells(cells, work, records, parallel, report, compose=compose, deadline=deadline))
     path = report()
     print()
     print(path.read_text())
     print(f"wrote {path} and {records.path}")
-    if crashed:
-        print(f"{crashed} cell(s) failed: their train.log files in {work} say why", file=sys.stderr)
-    return 1 if crashed else 0
+    if request.bundle is not None:
+        written = write_bundle(request.bundle, path.parent, work, {
+            "target": target.name, "tier": tier, "parallel": parallel, "deadline_s": request.deadline_s,
+            "expected_cell_s": deadline.cell_s if deadline else None, "wall_s": time.monotonic() - start,
+            "cells": len(cells), "with_record": sum(c.record is not None for c in cells),
+            **asdict(outcome)})
+        print(f"packed the records, report, logs and a summary into {written}")
+    if outcome.crashed:
+        print(f"{outcome.crashed} cell(s) failed: their train.log files in {work} say why", file=sys.stderr)
+    return 1 if outcome.crashed else 0
+
+
+def cell_deadline(request: Request, records: Sequence[dict], minutes: float) -> Optional[pool.Deadline]:
+    """The pool's deadline for `--deadline`: the seconds a cell is expected to take are the median
+    wall time of the suite's records (measured on the machine that trained them), else the
+    preset's minutes per cell, else unknown."""
+    if request.deadline_s is None:
+        return None
+    walls = sorted(r["wall_s"] for r in records if r.get("wall_s"))
+    cell_s = walls[len(walls) // 2] if walls else (minutes * 60 if minutes else None)
+    return pool.Deadline(time.monotonic() + request.deadline_s, cell_s)
+
+
+def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path:
+    """One .tgz of what a machine that hands back a few files needs to return: the suite's
+    records, report and plots (`results`), each cell's log (`work`/*.out and its run folder's
+    train.log and result.json; no checkpoints) and `summary` as summary.json."""
+    bundle = bundle.resolve()
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(bundle) as tmp, tarfile.open(tmp, "w:gz") as tar:  # a bundle is whole or absent
+        for f in sorted(results.glob("*")):
+            if f.is_file() and f.suffix in (".jsonl", ".md", ".png", ".json"):
+                tar.add(f, arcname=f"results/{f.name}")
+        for f in sorted(work.glob("*.out")):
+            tar.add(f, arcname=f"logs/{f.name}")
+            for name in ("train.log", "result.json"):
+                run_file = work / f.stem / name
+                if run_file.is_file():
+                    tar.add(run_file, arcname=f"logs/{f.stem}/{name}")
+        data = json.dumps(summary, indent=1).encode()
+        info = tarfile.TarInfo("summary.json")
+        info.size, info.mtime = len(data), int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    return bundle
 
 
 def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Config]] = None) -> int:
@@ -114,7 +164,13 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
             refresh_all_schemes()
         return path
 
-    crashed = 0 if request.table_only else pool.run_jobs(jobs, parallel, report, compose=compose)
+    deadline = cell_deadline(request, [], 0.0)
+    if deadline is not None:  # suites differ in cost: each preset's minutes are not one figure
+        print("deepinit reproduce all: --deadline stops the running cells at it, and starts a cell "
+              "only while time is left (run one target for a per-cell estimate)")
+    outcome = (pool.PoolOutcome() if request.table_only else
+               pool.run_jobs(jobs, parallel, report, compose=compose, deadline=deadline))
+    crashed = outcome.crashed
     for name in plans:  # every report, finished or not, from the records as they are now
         print(f"{name}: report written to {report(name, with_all_schemes=False)}")
     if any(feeds_all_schemes(name) for name in plans):

@@ -411,11 +411,13 @@ def test_gpu_session_script_runs_a_suite_step_and_copies_its_records_to_out(tmp_
     args = ["trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2", "trainer.seed=1",
             "trainer.max_updates=6", "trainer.log_interval=3", "trainer.valid_interval=3",
             "trainer.save_interval=3", "trainer.eval_beam=2"]
-    proc = subprocess.run(["bash", "ci/gpu-session.sh", "depth", "300", *args], cwd=REPO, env=env,
+    # a limit of 400 s: the step's deadline (30 s inside) leaves room for the preset's 5 min per cell
+    proc = subprocess.run(["bash", "ci/gpu-session.sh", "depth", "400", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "machine-depth.txt").read_text().strip()
-    assert "(real data, GPU)" in (out / "tfixup-depth.log").read_text()
+    log = (out / "tfixup-depth.log").read_text()
+    assert "(real data, GPU)" in log and "deadline" not in log  # the one cell fit
     # the shrunken cells are a variant: their records come back from beside the run folders
     (record,) = (out / "tfixup-depth-gpu-variant" / "records.jsonl").read_text().splitlines()
     assert json.loads(record)["updates"] == 6 and (out / "tfixup-depth-gpu-variant" / "report.md").is_file()
@@ -466,7 +468,8 @@ def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
     jobs = [Job(c, tmp_path / "work-a", a, "a") for c in first] + \
         [Job(c, tmp_path / "work-b", b, "b") for c in second]
     done = []
-    assert run_jobs(jobs, parallel=2, on_cell_done=done.append, compose=compose) == 0
+    outcome = run_jobs(jobs, parallel=2, on_cell_done=done.append, compose=compose)
+    assert (outcome.crashed, outcome.trained, outcome.not_started, outcome.stopped) == (0, 3, 0, 0)
     assert sorted(done) == ["a", "a", "b"]  # each suite's report follows each of its cells
     assert len(Records.load(tmp_path / "a").by_key) == 2 and len(Records.load(tmp_path / "b").by_key) == 1
     assert all(c.record is not None and c.record["status"] in ("ok", "stalled") for c in first + second)
@@ -529,3 +532,48 @@ def test_sigterm_to_the_driver_stops_its_cells_and_marks_them_interrupted(tmp_pa
     marker = json.loads((run_dir / "interrupted.json").read_text())
     assert marker["status"] == "interrupted" and marker["reason"] == "SIGTERM"
     assert not (run_dir / "result.json").exists()
+
+
+def test_a_deadline_starts_no_cell_that_would_end_after_it_and_stops_the_running_ones(tmp_path):
+    """A cell expected to outlast the time left is not started (no run folder); a cell still
+    running at the deadline is stopped as Ctrl-C stops it (interrupted, not failed)."""
+    import time
+
+    from runner.tables.pool import Deadline
+    from runner.tables.records import Records
+
+    cells = suite.plan("reproduce_table2_real", SHRINK)[:2]
+    records = Records.load(tmp_path / "records")
+    jobs = [Job(c, tmp_path / "work", records) for c in cells]
+    late = run_jobs(jobs, parallel=1, compose=compose, deadline=Deadline(time.monotonic() + 600, cell_s=3600))
+    assert (late.not_started, late.trained, late.stopped, late.crashed) == (2, 0, 0, 0)
+    assert not (tmp_path / "work").exists() and not records.by_key
+    # no estimate: the first cell starts and is stopped at the deadline, the second never starts
+    jobs = [Job(c, tmp_path / "work", records) for c in suite.plan("reproduce_table2_real", [
+        *SHRINK, "trainer.max_updates=100000"])[:2]]
+    cut = run_jobs(jobs, parallel=1, compose=compose, deadline=Deadline(time.monotonic() + 8))  # well after its start-up
+    assert (cut.stopped, cut.not_started, cut.trained, cut.crashed) == (1, 1, 0, 0)
+    run_dir = tmp_path / "work" / jobs[0].cell.name
+    assert (run_dir / "interrupted.json").is_file() and not (run_dir / "result.json").exists()
+    assert not records.by_key
+
+
+def test_reproduce_deadline_and_bundle_from_the_command_line(tmp_path, monkeypatch):
+    """`--deadline` shorter than a cell's expected time trains nothing and says so; `--bundle`
+    packs the report and a summary into one file; a deadline that is not positive is one line."""
+    import tarfile
+
+    from runner.cli.reproduce import main as reproduce_main
+
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path / "results"))
+    bundle = tmp_path / "back" / "table2.tgz"
+    code = reproduce_main(["table2", "--scale", "real", "--parallel", "1", "--out", str(tmp_path / "out"),
+                           "--deadline", "5", "--bundle", str(bundle), *SHRINK])
+    assert code == 0
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+        summary = json.load(tar.extractfile("summary.json"))
+    assert "results/report.md" in names and not any(n.endswith(".pt") for n in names)
+    assert summary["not_started"] == summary["cells"] == 8 and summary["trained"] == 0
+    assert summary["expected_cell_s"] == 32 * 60 and summary["deadline_s"] == 5  # the preset's minutes
+    assert reproduce_main(["table2", "--scale", "real", "--deadline", "0"]) == 2
