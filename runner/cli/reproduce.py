@@ -46,6 +46,22 @@ def last_checkpoint_bleu(args) -> int:
     return 0
 
 
+AUTO = -1  # --parallel auto
+
+
+def _parallel(text: str) -> int:
+    """--parallel's value: a positive count, or auto (AUTO)."""
+    if text == "auto":
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of cells or auto, not {text!r}")
+    return value
+
+
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="deepinit reproduce",
                                 description="Reproduce a published table (docs/reproductions.md).")
@@ -67,10 +83,12 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--launcher", choices=LAUNCHERS,
                    help="default: local (cells in parallel: one per GPU, or --parallel on CPU); the "
                         "real tier runs its cells itself and ignores it")
-    p.add_argument("--parallel", type=int, default=0,
+    p.add_argument("--parallel", type=_parallel, default=0, metavar="N|auto",
                    help="cells at once: at CPU scale with the local launcher, at the real tier, and "
                         "for status's estimate of the time left (default: CPU count); at the gpu "
-                        "tier, cells sharing the GPU (default 1)")
+                        "tier, cells sharing the GPU (default 1). auto (real and gpu tiers): a short "
+                        "probe trains the first cell 30 updates alone and 2, 4, 8 at once and takes "
+                        "the number with the most cells per hour")
     p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
                    help="parent of the sweep folder <target>-<scale> (default outputs/reproduce)")
     p.add_argument("--suites", nargs="+", metavar="SUITE", choices=REAL_SUITE_ORDER,
@@ -99,7 +117,8 @@ def main(argv: Sequence[str]) -> int:
     if args.last_checkpoint_bleu is not None:
         return last_checkpoint_bleu(args)
     request = Request(target=args.target, overrides=tuple(args.overrides), scale=args.scale,
-                      launcher=args.launcher, parallel=args.parallel, out=args.out,
+                      launcher=args.launcher, parallel=max(0, args.parallel), probe=args.parallel == AUTO,
+                      out=args.out,
                       suites=tuple(args.suites or ()), dry_run=args.dry_run, no_eval=args.no_eval,
                       table_only=args.table_only, deadline_s=args.deadline, bundle=args.bundle)
     if args.deadline is not None and not args.deadline > 0:

@@ -28,6 +28,7 @@ class Request:
     scale: Optional[str] = None  # None: the target's default (paper with a GPU, else cpu)
     launcher: Optional[str] = None  # None: local
     parallel: int = 0  # cells at once (0: the default of the scale)
+    probe: bool = False  # real and gpu tiers (`--parallel auto`): choose `parallel` by a short probe
     out: Path = Path("outputs/reproduce")  # parent of the sweep folder <target>-<scale>
     suites: tuple[str, ...] = ()  # with "all": only these real-tier suites, in this order
     dry_run: bool = False

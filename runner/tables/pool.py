@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from runner.config import Config
@@ -104,6 +105,56 @@ def run_jobs(jobs: Sequence[Job], parallel: int,
             progress.stop()
             stop_cells([proc for _, proc, _ in pool.running])
             raise
+
+
+# ----------------------------------------------------------------------------- how many at once
+@dataclass(frozen=True)
+class ProbeRun:
+    """One round of the probe: `parallel` copies of a cell trained at once for a few updates."""
+
+    parallel: int
+    seconds_per_update: float  # median over the copies
+    start_s: float  # median seconds of each copy's run outside its updates (start-up, data, the end)
+    cells_per_hour: float  # projected for cells of the suite's full length
+
+    def line(self) -> str:
+        return (f"{self.parallel} at once: {self.seconds_per_update:.3f} s/update each, "
+                f"{self.start_s:.0f} s start-up, ~{self.cells_per_hour:.1f} cells/hour")
+
+
+# Probe rounds keep only what is measured: no checkpoint, one validation batch, no decoding.
+PROBE_OVERRIDES = ("trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.valid_interval=0",
+                   "trainer.valid_max_batches=1", "trainer.final_bleu=false", "trainer.valid_bleu=false")
+
+
+def probe_parallel(cell: SuiteCell, work: Path, candidates: Sequence[int], updates: int, full_updates: int,
+                   *, compose: Callable[[list[str]], Config]) -> tuple[int, list[ProbeRun]]:
+    """How many cells to run at once: `cell` trained for `updates` updates alone, then as n copies
+    at once for each n of `candidates` (separate processes in `work`, as the pool runs them), each
+    round's cells per hour projected for cells of `full_updates` updates from its measured seconds
+    per update and start-up. Returns the n with the most cells per hour (the smallest on a tie)
+    and every round."""
+    rounds: list[ProbeRun] = []
+    probe = SuiteCell([*cell.overrides, f"trainer.max_updates={updates}", *PROBE_OVERRIDES],
+                      cell.key, cell.arm, cell.seed)
+    for n in sorted(set(candidates)):
+        folder = work / f"x{n}"
+        jobs = [Job(probe, folder / f"copy{i}", Records.load(folder / f"copy{i}"), f"probe x{n}")
+                for i in range(n)]
+        run_jobs(jobs, n, compose=compose)
+        done = [r for j in jobs if (r := record_from_run(j.work / probe.name, probe.key, probe.arm, probe.seed))
+                and r.get("seconds_per_update") and r.get("updates")]
+        if len(done) < n:
+            console.print(f"probe: {n} at once did not finish ({len(done)} of {n} copies); stopping the probe")
+            break
+        spu = float(np.median([r["seconds_per_update"] for r in done]))
+        start = float(np.median([max(0.0, r["wall_s"] - r["updates"] * r["seconds_per_update"]) for r in done]))
+        rounds.append(ProbeRun(n, spu, start, n * 3600.0 / (start + full_updates * spu)))
+        console.print(f"probe: {rounds[-1].line()}")
+    if not rounds:
+        return 1, rounds
+    best = max(rounds, key=lambda r: (r.cells_per_hour, -r.parallel))
+    return best.parallel, rounds
 
 
 def stop_cells(procs: Sequence[subprocess.Popen], grace_s: float = 60.0,

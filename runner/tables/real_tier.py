@@ -34,6 +34,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
              compose: Optional[Callable[[list[str]], Config]] = None) -> int:
     """SCALE=real or gpu: the target's Multi30k suite, cell by cell on this machine, with records
     in results/<target>/<tier>/ (runner/tables/suite.py)."""
+    start = time.monotonic()  # a --deadline counts from here (the probe and the plan included)
     gpu = tier == "gpu"
     # A plan or a report trains nothing: both work on a login node without a GPU.
     trains = not (request.dry_run or request.table_only)
@@ -78,8 +79,10 @@ def run_real(target: Target, request: Request, tier: str = "real",
         return path
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
-    start = time.monotonic()
-    deadline = cell_deadline(request, [c.record for c in cells if c.record], minutes)
+    deadline = cell_deadline(request, [c.record for c in cells if c.record], minutes, start)
+    rounds: list[pool.ProbeRun] = []
+    if request.probe and trains and todo:
+        parallel, rounds = probe(todo[0], work, gpu, compose)
     outcome = (pool.PoolOutcome() if request.table_only else
                pool.run_cells(cells, work, records, parallel, report, compose=compose, deadline=deadline))
     path = report()
@@ -91,22 +94,46 @@ def run_real(target: Target, request: Request, tier: str = "real",
             "target": target.name, "tier": tier, "parallel": parallel, "deadline_s": request.deadline_s,
             "expected_cell_s": deadline.cell_s if deadline else None, "wall_s": time.monotonic() - start,
             "cells": len(cells), "with_record": sum(c.record is not None for c in cells),
-            **asdict(outcome)})
+            "probe": [asdict(r) for r in rounds], **asdict(outcome)})
         print(f"packed the records, report, logs and a summary into {written}")
     if outcome.crashed:
         print(f"{outcome.crashed} cell(s) failed: their train.log files in {work} say why", file=sys.stderr)
     return 1 if outcome.crashed else 0
 
 
-def cell_deadline(request: Request, records: Sequence[dict], minutes: float) -> Optional[pool.Deadline]:
+# The probe (`--parallel auto`): rounds of this many updates, 1, 2, 4 and 8 cells at once (on a
+# CPU, up to its core count); enough updates to time a step after the first ones' warm-up, few
+# enough that the rounds cost about a minute of a GPU session.
+PROBE_UPDATES = 30
+PROBE_CANDIDATES = (1, 2, 4, 8)
+
+
+def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
+          compose: Callable[[list[str]], Config]) -> tuple[int, list[pool.ProbeRun]]:
+    """`--parallel auto`: how many cells at once, from a short probe of the first cell to train
+    (runner/tables/pool.py probe_parallel), in a scratch folder beside the suite's run folders."""
+    cores = os.cpu_count() or 1
+    candidates = PROBE_CANDIDATES if gpu else tuple(n for n in PROBE_CANDIDATES if n <= cores)
+    full = compose(cell.overrides).trainer.max_updates
+    print(f"probe: {PROBE_UPDATES} updates of {cell.label}, {', '.join(map(str, candidates))} at once")
+    parallel, rounds = pool.probe_parallel(cell, work.parent / f"{work.name}-probe", candidates,
+                                           PROBE_UPDATES, full, compose=compose)
+    print(f"probe: {parallel} cell(s) at once ({rounds[[r.parallel for r in rounds].index(parallel)].line()})"
+          if rounds else "probe: no round finished; 1 cell at a time")
+    return parallel, rounds
+
+
+def cell_deadline(request: Request, records: Sequence[dict], minutes: float,
+                  start: Optional[float] = None) -> Optional[pool.Deadline]:
     """The pool's deadline for `--deadline`: the seconds a cell is expected to take are the median
     wall time of the suite's records (measured on the machine that trained them), else the
     preset's minutes per cell, else unknown."""
     if request.deadline_s is None:
         return None
+    start = time.monotonic() if start is None else start
     walls = sorted(r["wall_s"] for r in records if r.get("wall_s"))
     cell_s = walls[len(walls) // 2] if walls else (minutes * 60 if minutes else None)
-    return pool.Deadline(time.monotonic() + request.deadline_s, cell_s)
+    return pool.Deadline(start + request.deadline_s, cell_s)
 
 
 def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path:

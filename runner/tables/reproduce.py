@@ -83,6 +83,10 @@ def run(request: Request, compose: Optional[Callable[[list[str]], Config]] = Non
         if request.scale not in (None, "real"):
             print("deepinit reproduce all: only --scale real (every real-tier suite)", file=sys.stderr)
             return 2
+        if request.probe or request.bundle is not None:
+            print("deepinit reproduce all: --parallel auto and --bundle work on one target's suite; "
+                  "give all a number of cells at once", file=sys.stderr)
+            return 2
         return run_all_real(request, compose)
     t0 = time.perf_counter()
     target = TARGETS[request.target]
@@ -94,4 +98,8 @@ def run(request: Request, compose: Optional[Callable[[list[str]], Config]] = Non
         return 2
     if scale in SUITE_TIERS:
         return run_real(target, request, scale, compose)
+    if request.probe or request.deadline_s is not None or request.bundle is not None:
+        print(f"deepinit reproduce: --parallel auto, --deadline and --bundle are for the real and gpu "
+              f"tiers; {target.name} at --scale {scale} takes --parallel N", file=sys.stderr)
+        return 2
     return run_sweeps(target, scale, request, started=t0)

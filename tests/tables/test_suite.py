@@ -558,22 +558,40 @@ def test_a_deadline_starts_no_cell_that_would_end_after_it_and_stops_the_running
     assert not records.by_key
 
 
-def test_reproduce_deadline_and_bundle_from_the_command_line(tmp_path, monkeypatch):
-    """`--deadline` shorter than a cell's expected time trains nothing and says so; `--bundle`
-    packs the report and a summary into one file; a deadline that is not positive is one line."""
+def test_parallel_auto_probes_1_and_2_at_once_then_trains_with_the_faster(tmp_path, monkeypatch):
+    """`--parallel auto` at the real tier: the probe trains the first cell 30 updates alone and as
+    2 copies at once (2 cores here), in a folder beside the suite's, and the suite then trains
+    with the count of most cells per hour. `--bundle` packs the report and a summary (the probe,
+    the deadline and the time per cell it assumed: the preset's minutes) into one file; a
+    deadline that is not positive, or a count that is not one, is one line and status 2."""
     import tarfile
 
     from runner.cli.reproduce import main as reproduce_main
 
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path / "results"))
-    bundle = tmp_path / "back" / "table2.tgz"
-    code = reproduce_main(["table2", "--scale", "real", "--parallel", "1", "--out", str(tmp_path / "out"),
-                           "--deadline", "5", "--bundle", str(bundle), *SHRINK])
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    bundle = tmp_path / "table2.tgz"
+    code = reproduce_main(["table2", "--scale", "real", "--parallel", "auto", "--out", str(tmp_path / "out"),
+                           "--deadline", "7200", "--bundle", str(bundle), *SHRINK[:-3], "method=pre_ln",
+                           "warmup.updates=5", "trainer.seed=1"])
     assert code == 0
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
         summary = json.load(tar.extractfile("summary.json"))
-    assert "results/report.md" in names and not any(n.endswith(".pt") for n in names)
-    assert summary["not_started"] == summary["cells"] == 8 and summary["trained"] == 0
-    assert summary["expected_cell_s"] == 32 * 60 and summary["deadline_s"] == 5  # the preset's minutes
+    assert "results/report.md" in names and "results/records.jsonl" in names
+    assert not any(n.endswith(".pt") for n in names)  # no checkpoints
+    assert summary["expected_cell_s"] == 32 * 60 and summary["deadline_s"] == 7200  # the preset's minutes
+    assert (summary["not_started"], summary["stopped"]) == (0, 0)
+    rounds = summary["probe"]
+    assert [r["parallel"] for r in rounds] == [1, 2]
+    assert all(r["seconds_per_update"] > 0 and r["cells_per_hour"] > 0 for r in rounds)
+    best = max(rounds, key=lambda r: (r["cells_per_hour"], -r["parallel"]))
+    assert summary["parallel"] == best["parallel"] and summary["trained"] == 1
+    probe_dir = tmp_path / "out" / "table2-real-probe"
+    assert len(list(probe_dir.glob("x2/copy*/*/result.json"))) == 2  # two copies, two folders
     assert reproduce_main(["table2", "--scale", "real", "--deadline", "0"]) == 2
+    assert reproduce_main(["table2", "--scale", "cpu", "--deadline", "60"]) == 2  # the sweep tiers have none
+    assert reproduce_main(["all", "--parallel", "auto"]) == 2  # the probe is one suite's
+    with pytest.raises(SystemExit) as exit_:  # argparse: one line, status 2
+        reproduce_main(["table2", "--scale", "real", "--parallel", "none"])
+    assert exit_.value.code == 2
