@@ -7,6 +7,12 @@
 #                                                             eager and compiled, beside plain PyTorch
 #   bash ci/gpu-session.sh table2 [SECONDS] [overrides]       reproduce table2 --scale gpu
 #   bash ci/gpu-session.sh depth  [SECONDS] [overrides]       reproduce tfixup-depth --scale gpu
+#   bash ci/gpu-session.sh call   [SECONDS] [overrides]       the prepared call of a lent GPU: the
+#                                                             CUDA tests without a passing GPU run
+#                                                             (TESTS_LIMIT s, default 150), then the
+#                                                             GPU tier's pool (TARGET, default table2;
+#                                                             --parallel auto) until 30 s before SECONDS;
+#                                                             with BUNDLE=call, one file comes back
 #
 # SECONDS (default 540) bounds the step: at the limit the step gets SIGINT (SIGKILL 15 s later), so a reproduce step
 # stops its cells with a checkpoint and the same command resumes them. A reproduce step also gives
@@ -32,7 +38,7 @@
 # checkout) it is sourced first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: bash ci/gpu-session.sh tests|bench|table2|depth [SECONDS] [args]}
+step=${1:?usage: bash ci/gpu-session.sh tests|bench|table2|depth|call [SECONDS] [args]}
 limit=${2:-540}
 shift $(( $# < 2 ? $# : 2 ))
 out=${OUT:-outputs/gpu-session}
@@ -96,8 +102,27 @@ case "$step" in
     fi
     exit "$rc"
     ;;
+  call)
+    # One prepared call (a GPU lent for minutes): first the CUDA tests that have never passed on
+    # a GPU (compile, resume, RAdam on the device, the no-wait checks; TESTS_K), bounded, then the
+    # GPU tier's next cells with the count at once chosen by the probe, each started only when it
+    # will end before the deadline. Rehearsed on CPU by tests/tables/test_suite.py with
+    # trainer.device=cpu and tiny overrides: on a GPU only the device differs.
+    start=$(date +%s)
+    timeout -k 15 -s INT "${TESTS_LIMIT:-150}" "$python" -m pytest -m cuda -v -rs tests/test_cuda.py \
+      -k "${TESTS_K:-compile or checkpoint or radam or wait}" -p no:xdist --junitxml "$out/cuda-tests.xml" \
+      2>&1 | tee "$out/cuda-tests.log" || echo "gpu-session: the CUDA tests ended with status $?" | tee -a "$out/cuda-tests.log"
+    target=${TARGET:-table2}
+    left=$(( limit - ($(date +%s) - start) ))
+    if [ "$left" -lt 60 ]; then echo "gpu-session: ${left} s left, no time for the $target pool" | tee "$out/$target.log"; exit 1; fi
+    rc=0
+    timeout -k 15 -s INT "$left" "$python" -m runner.cli reproduce "$target" --scale gpu \
+      --parallel "${PARALLEL:-auto}" --out "${RUNS:-outputs/reproduce}" --deadline "$(( left - 30 ))" \
+      --bundle "$out/$target-gpu.tgz" "$@" 2>&1 | tee "$out/$target.log" || rc=$?
+    exit "$rc"
+    ;;
   *)
-    echo "gpu-session: unknown step '$step' (expected tests, bench, table2 or depth)" >&2
+    echo "gpu-session: unknown step '$step' (expected tests, bench, table2, depth or call)" >&2
     exit 2
     ;;
 esac

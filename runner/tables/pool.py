@@ -132,8 +132,8 @@ def probe_parallel(cell: SuiteCell, work: Path, candidates: Sequence[int], updat
     """How many cells to run at once: `cell` trained for `updates` updates alone, then as n copies
     at once for each n of `candidates` (separate processes in `work`, as the pool runs them), each
     round's cells per hour projected for cells of `full_updates` updates from its measured seconds
-    per update and start-up. Returns the n with the most cells per hour (the smallest on a tie)
-    and every round."""
+    per update and start-up; it stops at the first round that gains nothing on the best before
+    it. Returns the n with the most cells per hour (the smallest on a tie) and every round."""
     rounds: list[ProbeRun] = []
     probe = SuiteCell([*cell.overrides, f"trainer.max_updates={updates}", *PROBE_OVERRIDES],
                       cell.key, cell.arm, cell.seed)
@@ -151,6 +151,8 @@ def probe_parallel(cell: SuiteCell, work: Path, candidates: Sequence[int], updat
         start = float(np.median([max(0.0, r["wall_s"] - r["updates"] * r["seconds_per_update"]) for r in done]))
         rounds.append(ProbeRun(n, spu, start, n * 3600.0 / (start + full_updates * spu)))
         console.print(f"probe: {rounds[-1].line()}")
+        if len(rounds) > 1 and rounds[-1].cells_per_hour <= max(r.cells_per_hour for r in rounds[:-1]):
+            break  # more at once no longer pays: the larger rounds are not tried
     if not rounds:
         return 1, rounds
     best = max(rounds, key=lambda r: (r.cells_per_hour, -r.parallel))

@@ -112,8 +112,9 @@ def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
           compose: Callable[[list[str]], Config]) -> tuple[int, list[pool.ProbeRun]]:
     """`--parallel auto`: how many cells at once, from a short probe of the first cell to train
     (runner/tables/pool.py probe_parallel), in a scratch folder beside the suite's run folders."""
-    cores = os.cpu_count() or 1
-    candidates = PROBE_CANDIDATES if gpu else tuple(n for n in PROBE_CANDIDATES if n <= cores)
+    cores = os.cpu_count() or 1  # cells on the CPU (the gpu tier rehearsed there too) share its cores
+    candidates = (PROBE_CANDIDATES if gpu and gpu_visible() else
+                  tuple(n for n in PROBE_CANDIDATES if n <= cores))
     full = compose(cell.overrides).trainer.max_updates
     print(f"probe: {PROBE_UPDATES} updates of {cell.label}, {', '.join(map(str, candidates))} at once")
     parallel, rounds = pool.probe_parallel(cell, work.parent / f"{work.name}-probe", candidates,

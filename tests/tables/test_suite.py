@@ -424,7 +424,7 @@ def test_gpu_session_script_runs_a_suite_step_and_copies_its_records_to_out(tmp_
     bad = subprocess.run(["bash", "ci/gpu-session.sh", "nope"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2
-    assert bad.stderr.strip() == "gpu-session: unknown step 'nope' (expected tests, bench, table2 or depth)"
+    assert bad.stderr.strip() == "gpu-session: unknown step 'nope' (expected tests, bench, table2, depth or call)"
 
 
 @pytest.mark.slow
@@ -595,3 +595,34 @@ def test_parallel_auto_probes_1_and_2_at_once_then_trains_with_the_faster(tmp_pa
     with pytest.raises(SystemExit) as exit_:  # argparse: one line, status 2
         reproduce_main(["table2", "--scale", "real", "--parallel", "none"])
     assert exit_.value.code == 2
+
+
+@pytest.mark.slow
+def test_the_prepared_gpu_call_rehearsed_on_cpu_returns_one_bundle(tmp_path):
+    """ci/gpu-session.sh call, rehearsed on CPU with the device forced to CPU and tiny sizes: the
+    CUDA tests (skipped here), then the GPU tier's pool with a deadline inside the call's limit;
+    with BUNDLE=call everything comes back as one file holding the suite's own bundle."""
+    import subprocess
+    import sys
+    import tarfile
+
+    out = tmp_path / "gpu-out"
+    env = {**os.environ, "OUT": str(out), "DEEPINIT_RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable,
+           "RUNS": str(tmp_path / "runs"), "BUNDLE": "call", "TARGET": "tfixup-depth",
+           "PARALLEL": "1"}  # the probe (the step's default, --parallel auto) has a test of its own
+    args = ["trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2", "trainer.seed=1",
+            "trainer.max_updates=6", "trainer.log_interval=3", "trainer.valid_interval=3",
+            "trainer.save_interval=3", "trainer.eval_beam=2"]
+    proc = subprocess.run(["bash", "ci/gpu-session.sh", "call", "480", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [p.name for p in out.iterdir()] == ["call.tgz"]  # one file comes back
+    with tarfile.open(out / "call.tgz") as tar:
+        names = tar.getnames()
+        log = tar.extractfile("./tfixup-depth.log").read().decode()
+        tests_log = tar.extractfile("./cuda-tests.log").read().decode()
+        inner = tarfile.open(fileobj=tar.extractfile("./tfixup-depth-gpu.tgz"))
+        summary = json.load(inner.extractfile("summary.json"))
+    assert "./cuda-tests.xml" in names and "skipped" in tests_log  # no GPU here
+    assert summary["tier"] == "gpu" and summary["trained"] == 1 and summary["parallel"] == 1
+    assert 300 < summary["deadline_s"] < 480 and summary["expected_cell_s"] == 5 * 60  # the preset's
