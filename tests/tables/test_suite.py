@@ -624,5 +624,6 @@ def test_the_prepared_gpu_call_rehearsed_on_cpu_returns_one_bundle(tmp_path):
         inner = tarfile.open(fileobj=tar.extractfile("./tfixup-depth-gpu.tgz"))
         summary = json.load(inner.extractfile("summary.json"))
     assert "./cuda-tests.xml" in names and "skipped" in tests_log  # no GPU here
+    assert "(real data, GPU)" in log and "deadline" not in log.split("estimated wall time")[1]  # it fit
     assert summary["tier"] == "gpu" and summary["trained"] == 1 and summary["parallel"] == 1
     assert 300 < summary["deadline_s"] < 480 and summary["expected_cell_s"] == 5 * 60  # the preset's
