@@ -210,7 +210,11 @@ def on_device(model: nn.Module, cfg: Config, device: torch.device,
         forward = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.trainer.compile:
-        forward = compiled(forward)
+        # Translation batches vary in both dimensions (tokens per batch, not sentences), so its
+        # graphs are compiled with dynamic shapes from the first call: left to dynamo, the first
+        # graph is specialized to the first batch's shape and thrown away at the second batch's
+        # (automatic dynamic shapes), a whole compile wasted. The LM's blocks have one shape.
+        forward = compiled(forward, dynamic=True if cfg.task == "translation" else None)
     return optimizer, forward
 
 
@@ -239,13 +243,14 @@ def build_lm_run(cfg: Config, initialize: bool, device: torch.device, world: int
         update_hook=init_schemes.update_hook(cfg), started=started, init_report=report)
 
 
-def compiled(module: nn.Module) -> nn.Module:
-    """torch.compile is an optimisation: a graph that fails to compile runs eagerly."""
+def compiled(module: nn.Module, dynamic: Optional[bool] = None) -> nn.Module:
+    """torch.compile is an optimisation: a graph that fails to compile runs eagerly. `dynamic`
+    is torch.compile's (None: specialize, then go dynamic at the first new shape)."""
     import torch._dynamo  # noqa: PLC0415 (loads the compiler stack; only with trainer.compile=true)
 
     torch._dynamo.config.suppress_errors = True
     try:
-        return torch.compile(module)
+        return torch.compile(module, dynamic=dynamic)
     except Exception as exc:
         log.warning("torch.compile failed (%s); running eagerly", exc)
         return module

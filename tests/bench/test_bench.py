@@ -572,3 +572,4 @@ def test_an_interrupted_reference_comparison_keeps_its_finished_runs(tmp_path, m
     row = report["reference"]["tiny"]
     assert row["tokens_per_s"]["deepinit_runs"] == [100.0, 300.0]
     assert row["tokens_per_s"]["reference_runs"] == [200.0]
+
