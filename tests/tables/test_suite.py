@@ -397,23 +397,32 @@ def test_gpu_tier_without_a_gpu_says_so_in_one_line(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+# ci/gpu-session.sh's reproduce steps rehearsed on CPU: the device forced to CPU, one tiny cell
+GPU_SESSION_CPU_ARGS = ["trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2",
+                        "trainer.seed=1", "trainer.max_updates=6", "trainer.log_interval=3",
+                        "trainer.valid_interval=3", "trainer.save_interval=3", "trainer.eval_beam=2"]
+
+
+def _gpu_session_env(tmp_path, out) -> dict:
+    """The script's environment for a test: $OUT, the records, the run folders, this Python."""
+    import sys
+
+    return {**os.environ, "OUT": str(out), "DEEPINIT_RESULTS": str(tmp_path / "results"),
+            "PYTHON": sys.executable, "RUNS": str(tmp_path / "runs")}
+
+
 @pytest.mark.slow
 def test_gpu_session_script_runs_a_suite_step_and_copies_its_records_to_out(tmp_path):
     """ci/gpu-session.sh's reproduce step, here on CPU (trainer.device=cpu, toy data): the step
     passes its arguments on, and $OUT receives the log, the machine file and the records; an
     unknown step is one line and status 2."""
     import subprocess
-    import sys
 
     out = tmp_path / "gpu-out"
-    env = {**os.environ, "OUT": str(out), "DEEPINIT_RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable,
-           "RUNS": str(tmp_path / "runs")}
-    args = ["trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2", "trainer.seed=1",
-            "trainer.max_updates=6", "trainer.log_interval=3", "trainer.valid_interval=3",
-            "trainer.save_interval=3", "trainer.eval_beam=2"]
+    env = _gpu_session_env(tmp_path, out)
     # a limit of 400 s: the step's deadline (30 s inside) leaves room for the preset's 5 min per cell
-    proc = subprocess.run(["bash", "ci/gpu-session.sh", "depth", "400", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["bash", "ci/gpu-session.sh", "depth", "400", *GPU_SESSION_CPU_ARGS], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "machine-depth.txt").read_text().strip()
     log = (out / "tfixup-depth.log").read_text()
@@ -603,18 +612,13 @@ def test_the_prepared_gpu_call_rehearsed_on_cpu_returns_one_bundle(tmp_path):
     CUDA tests (skipped here), then the GPU tier's pool with a deadline inside the call's limit;
     with BUNDLE=call everything comes back as one file holding the suite's own bundle."""
     import subprocess
-    import sys
     import tarfile
 
     out = tmp_path / "gpu-out"
-    env = {**os.environ, "OUT": str(out), "DEEPINIT_RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable,
-           "RUNS": str(tmp_path / "runs"), "BUNDLE": "call", "TARGET": "tfixup-depth",
-           "PARALLEL": "1"}  # the probe (the step's default, --parallel auto) has a test of its own
-    args = ["trainer.device=cpu", "trainer.precision=fp32", *SHRINK[:4], "model.layers=2", "trainer.seed=1",
-            "trainer.max_updates=6", "trainer.log_interval=3", "trainer.valid_interval=3",
-            "trainer.save_interval=3", "trainer.eval_beam=2"]
-    proc = subprocess.run(["bash", "ci/gpu-session.sh", "call", "480", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    # the probe (the step's default, --parallel auto) has a test of its own
+    env = {**_gpu_session_env(tmp_path, out), "BUNDLE": "call", "TARGET": "tfixup-depth", "PARALLEL": "1"}
+    proc = subprocess.run(["bash", "ci/gpu-session.sh", "call", "480", *GPU_SESSION_CPU_ARGS], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [p.name for p in out.iterdir()] == ["call.tgz"]  # one file comes back
     with tarfile.open(out / "call.tgz") as tar:
