@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEEPINIT, TINY, run_cli, run_cli_all
+from tests.conftest import DEEPINIT, TINY, run_cli, run_cli_all, run_cli_here
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -42,14 +42,22 @@ BAD_OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def user_error_runs(tmp_path_factory) -> dict:
-    """The commands of the two tests below, each in its own process and folder, side by side:
+    """The commands of the two tests below, each in its own folder (the first of each kind in a
+    process of its own, at the process boundary; the others in this process):
     `deepinit WORD` {("command", WORD): (FOLDER, process)} and `deepinit train OVERRIDE
     hydra.run.dir=FOLDER/run` {("train", OVERRIDE): (FOLDER, process)}."""
     folders = {**{("command", word): tmp_path_factory.mktemp("command") for word, _ in UNKNOWN_COMMANDS},
                **{("train", override): tmp_path_factory.mktemp("override") for override, _ in BAD_OVERRIDES}}
-    procs = run_cli_all({(kind, arg): ([arg] if kind == "command" else ["train", arg, f"hydra.run.dir={folder / 'run'}"],
-                                       folder)
-                         for (kind, arg), folder in folders.items()})
+    commands = {(kind, arg): ([arg] if kind == "command" else ["train", arg, f"hydra.run.dir={folder / 'run'}"],
+                              folder)
+                for (kind, arg), folder in folders.items()}
+    # one command of each kind at the process boundary, the others through the same entry point
+    # in this process (run_cli_here: no interpreter start-up each)
+    boundary = [next(k for k in commands if k[0] == kind) for kind in ("command", "train")]
+    procs = run_cli_all({key: commands[key] for key in boundary})
+    for key, (args, folder) in commands.items():
+        if key not in procs:
+            procs[key] = run_cli_here(args, folder)
     return {key: (folders[key], procs[key]) for key in folders}
 
 
