@@ -10,16 +10,12 @@ import torch
 from runner.analysis import common, dependency, early_training, grad_norms, output_change
 from runner.analysis.hooks import EncoderEmbeddingGrad, SublayerRecorder
 from tests.conftest import compose
+from tests.method_helpers import one_thread  # noqa: F401 (a fixture)
 
 SMALL = ["model=ci", "model.dim=32", "model.ffn_dim=64"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # every test on one torch thread
 
 
 def settings(*configs):

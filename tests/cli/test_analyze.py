@@ -9,14 +9,9 @@ import torch
 
 from runner.cli.analyze import main as main_analyze
 from tests.conftest import TINY, run_cli_here
+from tests.method_helpers import one_thread  # noqa: F401 (a fixture)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # every test on one torch thread
 
 
 def test_dependency_on_a_run_folder(tiny_run, tmp_path):
