@@ -37,18 +37,23 @@ def config_from_dict(config: dict[str, Any], init_options: InitOptions,
     init = dict(config.get("init") or {})
     name = init.get("name", InitConfig.name)
     init_cls = init_options(name)
-    known = {f.name for f in fields(init_cls)}
-    init = {k: v for k, v in init.items() if k in known or k not in LEGACY_INIT_KEYS}
+    init = _without_legacy(init, init_cls, LEGACY_INIT_KEYS)
     norm = dict(config.get("norm") or {})
     norm_cls = norm_options(norm.get("placement", NormConfig.placement),
                             norm.get("encoder_placement"), norm.get("decoder_placement"))
-    known = {f.name for f in fields(norm_cls)}
-    norm = {k: v for k, v in norm.items() if k in known or k not in LEGACY_NORM_KEYS}
+    norm = _without_legacy(norm, norm_cls, LEGACY_NORM_KEYS)
     try:
         schema = OmegaConf.structured(Config(init=init_cls(name=name), norm=norm_cls()))
         return OmegaConf.to_object(OmegaConf.merge(schema, {**config, "init": init, "norm": norm}))
     except OmegaConfBaseException as err:
         raise ConfigError(f"not a deepinit config: {err}") from err
+
+
+def _without_legacy(group: dict[str, Any], cls: type, legacy: Sequence[str]) -> dict[str, Any]:
+    """A stored group's fields less the legacy flat keys its options class does not have (any
+    other unknown key stays, and fails the merge)."""
+    known = {f.name for f in fields(cls)}
+    return {k: v for k, v in group.items() if k in known or k not in legacy}
 
 
 def config_from_yaml(path: Path, init_options: InitOptions, norm_options: NormOptions) -> Config:

@@ -72,3 +72,13 @@ def literal_choices(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any, tupl
             yield f"{prefix}{f.name}", value, allowed[f.name]
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             yield from literal_choices(value, f"{prefix}{f.name}.")
+
+
+def recast(obj: Any, cls: type) -> Any:
+    """`obj` (a dataclass) as an instance of `cls`, another options class of the same group: the
+    fields the two share keep their values, the others start at `cls`'s defaults (an init scheme's
+    or norm placement's options after `init.name=` or `norm.placement=` switched the class)."""
+    if type(obj) is cls:
+        return obj
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name in names})

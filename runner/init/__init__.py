@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from runner.config import Config, ConfigError, InitConfig
+from runner.config.options import recast
 from runner.init.admin import Admin
 from runner.init.admin_torch import AdminTorch
 from runner.init.b2t import rescale_b2t
@@ -75,11 +76,7 @@ def with_scheme_options(cfg: Config) -> Config:
     a YAML of its own) keeps the fields the two classes share and drops the others, which came
     from the other option's YAML."""
     cls = options_class(cfg.init.name)
-    if type(cfg.init) is cls:
-        return cfg
-    names = {f.name for f in dataclasses.fields(cls)}
-    kept = {k: v for k, v in dataclasses.asdict(cfg.init).items() if k in names}
-    return dataclasses.replace(cfg, init=cls(**kept))
+    return cfg if type(cfg.init) is cls else dataclasses.replace(cfg, init=recast(cfg.init, cls))
 
 
 def check_requirements(cfg) -> None:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from runner.config import ConfigError, NormConfig
-from runner.config.options import options
+from runner.config.options import options, recast
 from runner.model.dropout import Dropout
 from runner.model.norms import make_norm
 
@@ -139,9 +139,9 @@ def placements_in_use(norm: NormConfig) -> tuple[str, ...]:
     return tuple(p for p in (norm.placement, norm.encoder_placement, norm.decoder_placement) if p)
 
 
-def norm_options_for(placement: str, **fields) -> NormConfig:
+def norm_options_for(placement: str, **values) -> NormConfig:
     """The placement's options with these fields set, the others at their defaults."""
-    return norm_options_class(placement)(placement=placement, **fields)
+    return norm_options_class(placement)(placement=placement, **values)
 
 
 def own_option_names(placement: str) -> tuple[str, ...]:
@@ -155,11 +155,7 @@ def with_placement_options(norm: NormConfig) -> NormConfig:
     class of the chosen conf/norm option; a per-stack override (norm.decoder_placement=b2t) or
     `norm.placement=<p>` over another option keeps the fields the two classes share and starts
     the new placement's options at their defaults."""
-    cls = norm_options_class(*placements_in_use(norm))
-    if type(norm) is cls:
-        return norm
-    names = {f.name for f in fields(cls)}
-    return cls(**{f.name: getattr(norm, f.name) for f in fields(norm) if f.name in names})
+    return recast(norm, norm_options_class(*placements_in_use(norm)))
 
 
 def check_placement_options(norm: NormConfig) -> None:

@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.tables.claims import selector_matches
-from runner.tables.combined import VALID_LOSS, TableRows, render_combined, section_rows, write_combined
+from runner.tables.combined import (
+    BLEU,
+    VALID_LOSS,
+    TableMetric,
+    TableRows,
+    render_combined,
+    section_rows,
+    write_combined,
+)
 from runner.tables.plan import real_suite
 from runner.tables.rulebook import rank_vs_baseline, ranking_agreement, rulebook
 from runner.tables.targets import TARGETS
@@ -105,13 +113,13 @@ def lm_all_schemes_sections() -> list[tuple[str, list[TableRows]]]:
     return _sections(LM_ALL_SCHEMES_SECTIONS)
 
 
-def _ranks(parts, baseline, metric=None) -> dict[str, tuple[str, str]]:
+def _ranks(parts, baseline, metric: TableMetric) -> dict[str, tuple[str, str]]:
     """{method: (rank against the baseline, the comparison's text)} of one section's rows."""
     book = rulebook()
-    rows = section_rows(parts, baseline, *([metric] if metric else []))
+    rows = section_rows(parts, baseline, metric)
     base = next((r for r in rows if r.comparison is not None and r.comparison.baseline), None)
     base_complete = base is not None and base.records == len(base.members)
-    higher = metric.higher_is_better if metric else True
+    higher = metric.higher_is_better
     out = {}
     for row in rows:
         if row.method is None or row is base or row.comparison is None:
@@ -136,7 +144,7 @@ def ranking_agreement_lines() -> list[str]:
              "the best validation loss.", ""]
     for lm_heading, translation_heading in SECTION_PAIRS.items():
         lm_ranks = _ranks(lm[lm_heading], LM_ALL_SCHEMES_BASELINE, VALID_LOSS)
-        tr_ranks = _ranks(translation[translation_heading], ALL_SCHEMES_BASELINE)
+        tr_ranks = _ranks(translation[translation_heading], ALL_SCHEMES_BASELINE, BLEU)
         lines += [f"**{lm_heading}** (translation: {translation_heading.lower()}):", ""]
         for method, (lm_rank, lm_text) in lm_ranks.items():
             lm_part = f"{lm_rank}" + (f" ({lm_text} nats)" if lm_text != "-" else "")

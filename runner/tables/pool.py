@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.config import Config
 from runner.console import console, format_duration
-from runner.run.folder import write_config
+from runner.run.folder import read_result, write_config
 from runner.tables.records import Records, record_from_run
 from runner.tables.suite import SuiteCell, fmt_number, seed_major
 
@@ -261,9 +261,9 @@ class _Pool:
                 self.running.remove(item)
                 log.close()
                 ended += 1
-                if outcome.stopped and job.cell.record is None and not _has_record(job):
+                if outcome.stopped and not read_result(job.work / job.cell.name):
                     progress.advance(task)
-                    continue  # stopped at the deadline: interrupted, not crashed
+                    continue  # stopped at the deadline before its result: interrupted, not crashed
                 ok = self._finish(job, proc, self._count(ended, total, time.monotonic() - start))
                 outcome.crashed += not ok
                 outcome.trained += ok
@@ -277,8 +277,3 @@ class _Pool:
                 progress.update(task, now=self._now())
         return outcome
 
-
-def _has_record(job: Job) -> bool:
-    """Whether a cell stopped at the deadline had finished anyway (its run wrote a result)."""
-    record = record_from_run(job.work / job.cell.name, job.cell.key, job.cell.arm, job.cell.seed)
-    return record is not None and record["status"] not in ("failed", "interrupted")
