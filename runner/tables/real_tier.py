@@ -83,6 +83,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
     rounds: list[pool.ProbeRun] = []
     if request.probe and trains and todo:
         parallel, rounds = probe(todo[0], work, gpu, compose)
+        deadline = probed_deadline(deadline, rounds, parallel, has_records=any(c.record for c in cells))
     outcome = (pool.PoolOutcome() if request.table_only else
                pool.run_cells(cells, work, records, parallel, report, compose=compose, deadline=deadline))
     path = report()
@@ -135,6 +136,23 @@ def cell_deadline(request: Request, records: Sequence[dict], minutes: float,
     walls = sorted(r["wall_s"] for r in records if r.get("wall_s"))
     cell_s = walls[len(walls) // 2] if walls else (minutes * 60 if minutes else None)
     return pool.Deadline(start + request.deadline_s, cell_s)
+
+
+# What a probe round does not time: validation passes, checkpoints and the final beam-search
+# decoding (a guess, not a measurement; a cell's record replaces the whole estimate once one exists).
+PROBE_UNTIMED_S = 60.0
+
+
+def probed_deadline(deadline: Optional[pool.Deadline], rounds: Sequence[pool.ProbeRun], parallel: int,
+                    has_records: bool) -> Optional[pool.Deadline]:
+    """The deadline with the probe's measured time per cell at `parallel` at once (its start-up plus
+    the full cell's updates at the measured seconds per update, plus PROBE_UNTIMED_S) in place of the
+    preset's estimate, where the suite has no record to measure from: a preset's minutes per cell
+    are for one cell alone, and cells sharing a device each run slower."""
+    chosen = [r for r in rounds if r.parallel == parallel]
+    if deadline is None or has_records or not chosen:
+        return deadline
+    return pool.Deadline(deadline.at, 3600.0 * parallel / chosen[0].cells_per_hour + PROBE_UNTIMED_S)
 
 
 def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path:

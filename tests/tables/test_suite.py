@@ -603,13 +603,16 @@ def test_parallel_auto_probes_1_and_2_at_once_and_takes_the_faster(tmp_path, mon
         summary = json.load(tar.extractfile("summary.json"))
     assert "results/report.md" in names and "summary.json" in names
     assert not any(n.endswith(".pt") for n in names)  # no checkpoints
-    assert summary["expected_cell_s"] == 32 * 60 and summary["deadline_s"] == 60  # the preset's minutes
+    assert summary["deadline_s"] == 60
     assert (summary["not_started"], summary["stopped"], summary["trained"]) == (1, 0, 0)
     rounds = summary["probe"]
     assert [r["parallel"] for r in rounds] == [1, 2]
     assert all(r["seconds_per_update"] > 0 and r["cells_per_hour"] > 0 for r in rounds)
     best = max(rounds, key=lambda r: (r["cells_per_hour"], -r["parallel"]))
     assert summary["parallel"] == best["parallel"]
+    # no record yet: the time per cell is the probe's at the chosen count, not the preset's 32 min
+    measured = 3600 * best["parallel"] / best["cells_per_hour"] + real_tier.PROBE_UNTIMED_S
+    assert summary["expected_cell_s"] == pytest.approx(measured) and measured < 32 * 60
     probe_dir = tmp_path / "out" / "table2-real-probe"
     assert len(list(probe_dir.glob("x2/copy*/*/result.json"))) == 2  # two copies, two folders
     assert reproduce_main(["table2", "--scale", "real", "--deadline", "0"]) == 2
@@ -618,6 +621,23 @@ def test_parallel_auto_probes_1_and_2_at_once_and_takes_the_faster(tmp_path, mon
     with pytest.raises(SystemExit) as exit_:  # argparse: one line, status 2
         reproduce_main(["table2", "--scale", "real", "--parallel", "none"])
     assert exit_.value.code == 2
+
+
+def test_the_probe_replaces_the_presets_time_per_cell_only_where_no_record_measures_it():
+    """A preset's minutes per cell are for one cell alone: after a probe, the deadline expects the
+    probe's time per cell at the chosen count (start-up plus the full cell's updates, plus the
+    allowance for what the probe does not time); a record's measured time, or no deadline, stays."""
+    from runner.tables.pool import Deadline, ProbeRun
+    from runner.tables.real_tier import PROBE_UNTIMED_S, probed_deadline
+
+    rounds = [ProbeRun(1, 0.010, 20.0, 3600 / (20 + 6000 * 0.010)), ProbeRun(4, 0.025, 24.0, 4 * 3600 / (24 + 6000 * 0.025))]
+    preset = Deadline(at=1000.0, cell_s=300.0)
+    probed = probed_deadline(preset, rounds, 4, has_records=False)
+    assert probed.at == 1000.0 and probed.cell_s == pytest.approx(24 + 6000 * 0.025 + PROBE_UNTIMED_S)
+    assert probed_deadline(preset, rounds, 1, has_records=False).cell_s == pytest.approx(80 + PROBE_UNTIMED_S)
+    assert probed_deadline(preset, rounds, 4, has_records=True) is preset
+    assert probed_deadline(None, rounds, 4, has_records=False) is None
+    assert probed_deadline(preset, [], 1, has_records=False) is preset  # no round finished
 
 
 @pytest.mark.slow
