@@ -35,7 +35,9 @@
 #                         at an early exit, into $OUT/NAME.tgz: one file for a machine that hands
 #                         back only a few
 # When .whl/device-env.sh exists (a machine without the Python packages: wheels carried beside the
-# checkout) it is sourced first.
+# checkout) it is sourced first. When .whl/COMMIT exists (written before the call from a clean
+# checkout: `git rev-parse HEAD > .whl/COMMIT`), it names the commit in every record
+# (DEEPINIT_GIT_COMMIT): the GPU machine's copy can carry an older .git than the code it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step=${1:?usage: bash ci/gpu-session.sh tests|bench|table2|depth|call [SECONDS] [args]}
@@ -49,12 +51,14 @@ if [ -n "${BUNDLE:-}" ]; then
   trap 'tar czf "$bundle" -C "$out" . && rm -rf "$out"' EXIT
 fi
 if [ -f .whl/device-env.sh ]; then . .whl/device-env.sh; fi
+if [ -f .whl/COMMIT ]; then export DEEPINIT_GIT_COMMIT=$(cat .whl/COMMIT); fi
 export DEEPINIT_DATA_ROOT=${DEEPINIT_DATA_ROOT:-$PWD/.gpudata}
 export COLUMNS=${COLUMNS:-160}  # rich tables in the logs at full width
 python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3)}
 # the commit, and how many tracked files differ from it: a copied checkout may carry an older .git
 { date -u +"%Y-%m-%dT%H:%M:%SZ"; git rev-parse HEAD 2>/dev/null || true
   echo "tracked files changed since that commit: $(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
+  echo "commit named by .whl/COMMIT: ${DEEPINIT_GIT_COMMIT:-none}"
   nvidia-smi 2>&1 || echo "nvidia-smi: not available"; } > "$out/machine-$step.txt"
 
 case "$step" in

@@ -47,6 +47,12 @@ SCHEDULE = {"small": (3, 5, 3), "base": (30, 20, 3), "big": (30, 20, 3), "base-1
             "tiny-peer": (20, 50, 3), "lm-nanogpt-cpu": (25, 25, 4)}
 PEER_SCHEDULE = {"small": (3, 15, 1), "tiny-peer": (20, 150, 1)}
 DEFAULT_SCHEDULE = (10, 20, 3)
+# On CUDA an update takes milliseconds and the first ones meet new batch shapes (kernel choice and
+# loading, the allocator growing), so the CPU's short schedules time start-up: `small` with 5 warm-up
+# updates and windows of 5 measured 372-756 ms/update on an H200, against 0.041 s/update over a
+# 6,000-update table2 cell of the same model on the same machine (results/performance/gpu-h200-2026-11-28).
+# On CUDA every preset entry warms up at least this many updates and times windows at least this long.
+CUDA_MIN_WARMUP, CUDA_MIN_STEPS = 40, 20
 # The peer's fairseq-generate call: --max-tokens 4096 --batch-size 128 (peer_train_bench.sh)
 PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE = 4096, 128
 
@@ -83,6 +89,8 @@ def preset_entry(name: str, args, peer: bool = False) -> Entry:
     warmup, steps, windows = (PEER_SCHEDULE if peer else SCHEDULE).get(name, DEFAULT_SCHEDULE)
     if args.quick:
         warmup, steps, windows = 2, 2, 2
+    elif uses_cuda_device(args.device):
+        warmup, steps = max(warmup, CUDA_MIN_WARMUP), max(steps, CUDA_MIN_STEPS)
     if args.warmup is not None:
         warmup = args.warmup
     if args.steps is not None:
@@ -150,8 +158,12 @@ def plan_entries(args) -> list[Entry]:
     return plan
 
 
+def uses_cuda_device(device: str) -> bool:
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
 def uses_cuda(entry: Entry) -> bool:
-    return entry.device == "cuda" or (entry.device == "auto" and torch.cuda.is_available())
+    return uses_cuda_device(entry.device)
 
 
 def entry_schedule(entry: Entry) -> tuple[int, int, int]:

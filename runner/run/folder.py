@@ -363,6 +363,10 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 # ----------------------------------------------------------------------------- environment
 def git_commit() -> Optional[str]:
+    # A copy of the checkout can carry an older .git than the code it holds (a GPU machine's copy
+    # does): DEEPINIT_GIT_COMMIT, set by whoever made the copy, names the commit that runs.
+    if os.environ.get("DEEPINIT_GIT_COMMIT"):
+        return os.environ["DEEPINIT_GIT_COMMIT"]
     repo = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,

@@ -128,14 +128,15 @@ PROBE_OVERRIDES = ("trainer.save_interval=0", "trainer.keep_checkpoints=0", "tra
 
 
 def probe_parallel(cell: SuiteCell, work: Path, candidates: Sequence[int], updates: int, full_updates: int,
-                   *, compose: Callable[[list[str]], Config]) -> tuple[int, list[ProbeRun]]:
+                   *, compose: Callable[[list[str]], Config], extra: Sequence[str] = ()) -> tuple[int, list[ProbeRun]]:
     """How many cells to run at once: `cell` trained for `updates` updates alone, then as n copies
     at once for each n of `candidates` (separate processes in `work`, as the pool runs them), each
     round's cells per hour projected for cells of `full_updates` updates from its measured seconds
     per update and start-up; it stops at the first round that gains nothing on the best before
-    it. Returns the n with the most cells per hour (the smallest on a tie) and every round."""
+    it. `extra` overrides fit the cell to the probe's short run without changing a step's cost.
+    Returns the n with the most cells per hour (the smallest on a tie) and every round."""
     rounds: list[ProbeRun] = []
-    probe = SuiteCell([*cell.overrides, f"trainer.max_updates={updates}", *PROBE_OVERRIDES],
+    probe = SuiteCell([*cell.overrides, f"trainer.max_updates={updates}", *PROBE_OVERRIDES, *extra],
                       cell.key, cell.arm, cell.seed)
     for n in sorted(set(candidates)):
         folder = work / f"x{n}"

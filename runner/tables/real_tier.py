@@ -116,10 +116,14 @@ def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
     cores = os.cpu_count() or 1  # cells on the CPU (the gpu tier rehearsed there too) share its cores
     candidates = (PROBE_CANDIDATES if gpu and gpu_visible() else
                   tuple(n for n in PROBE_CANDIDATES if n <= cores))
-    full = compose(cell.overrides).trainer.max_updates
+    cfg = compose(cell.overrides)
+    full = cfg.trainer.max_updates
+    # A warmup's length does not change what a step costs, but one as long as the probe's run is
+    # refused by the config check: the probe's copies warm up for half of their updates instead.
+    fit = (f"warmup.updates={PROBE_UPDATES // 2}",) if cfg.warmup.updates >= PROBE_UPDATES else ()
     print(f"probe: {PROBE_UPDATES} updates of {cell.label}, {', '.join(map(str, candidates))} at once")
     parallel, rounds = pool.probe_parallel(cell, work.parent / f"{work.name}-probe", candidates,
-                                           PROBE_UPDATES, full, compose=compose)
+                                           PROBE_UPDATES, full, compose=compose, extra=fit)
     print(f"probe: {parallel} cell(s) at once ({rounds[[r.parallel for r in rounds].index(parallel)].line()})"
           if rounds else "probe: no round finished; 1 cell at a time")
     return parallel, rounds

@@ -573,3 +573,23 @@ def test_an_interrupted_reference_comparison_keeps_its_finished_runs(tmp_path, m
     assert row["tokens_per_s"]["deepinit_runs"] == [100.0, 300.0]
     assert row["tokens_per_s"]["reference_runs"] == [200.0]
 
+
+
+def test_cuda_entries_warm_up_and_time_longer_than_the_cpu_schedules():
+    """On CUDA a preset entry warms up at least CUDA_MIN_WARMUP updates and times windows of at
+    least CUDA_MIN_STEPS (the CPU's 5-update windows of `small` timed start-up on an H200);
+    the CPU keeps its schedule, and --quick and explicit counts still win."""
+    from runner.bench.entries import CUDA_MIN_STEPS, CUDA_MIN_WARMUP, SCHEDULE, plan_entries, resolve_args
+    from runner.cli.bench import parse_args
+
+    def schedule(*argv: str) -> tuple[int, int, int]:
+        args = parse_args(["--depths", *argv])
+        assert resolve_args(args, cuda=False) is None
+        (entry,) = plan_entries(args)
+        return entry.warmup, entry.steps, entry.windows
+
+    assert schedule("--presets", "small", "--device", "cpu") == SCHEDULE["small"] == (3, 5, 3)
+    assert schedule("--presets", "small", "--device", "cuda") == (CUDA_MIN_WARMUP, CUDA_MIN_STEPS, 3) == (40, 20, 3)
+    assert schedule("--presets", "base", "--device", "cuda") == (40, 20, 3)  # base's own 30 raised
+    assert schedule("--presets", "small", "--device", "cuda", "--quick") == (2, 2, 2)
+    assert schedule("--presets", "small", "--device", "cuda", "--warmup", "7", "--steps", "9") == (7, 9, 3)

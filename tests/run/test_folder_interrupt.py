@@ -102,3 +102,18 @@ def test_a_signal_taken_by_another_thread_still_interrupts_a_wait_for_a_child():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_commit_named_by_the_environment_wins_over_the_checkouts_git(monkeypatch):
+    """A copied checkout can carry an older .git than its code (a GPU machine's copy): the commit
+    in DEEPINIT_GIT_COMMIT is the one recorded; without it, git's HEAD."""
+    import subprocess
+
+    from runner.run.folder import git_commit
+    from tests.conftest import REPO
+
+    monkeypatch.delenv("DEEPINIT_GIT_COMMIT", raising=False)
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert git_commit() == (head or None)
+    monkeypatch.setenv("DEEPINIT_GIT_COMMIT", "f" * 40)
+    assert git_commit() == "f" * 40
