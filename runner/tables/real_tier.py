@@ -149,14 +149,21 @@ PROBE_UNTIMED_S = 60.0
 
 def probed_deadline(deadline: Optional[pool.Deadline], rounds: Sequence[pool.ProbeRun], parallel: int,
                     has_records: bool) -> Optional[pool.Deadline]:
-    """The deadline with the probe's measured time per cell at `parallel` at once (its start-up plus
-    the full cell's updates at the measured seconds per update, plus PROBE_UNTIMED_S) in place of the
-    preset's estimate, where the suite has no record to measure from: a preset's minutes per cell
-    are for one cell alone, and cells sharing a device each run slower."""
+    """The deadline's time per cell once a probe has measured `parallel` cells at once: cells
+    sharing a device each run slower, so a time per cell measured alone no longer holds. Without
+    a record, the probe's own projection (its start-up plus the full cell's updates at the
+    measured seconds per update, plus PROBE_UNTIMED_S) replaces the preset's estimate; with
+    records, their median is scaled by the probe's slowdown (seconds per update at `parallel`
+    over alone) and the larger of that and the projection is expected."""
     chosen = [r for r in rounds if r.parallel == parallel]
-    if deadline is None or has_records or not chosen:
+    if deadline is None or not chosen:
         return deadline
-    return pool.Deadline(deadline.at, 3600.0 * parallel / chosen[0].cells_per_hour + PROBE_UNTIMED_S)
+    projected = 3600.0 * parallel / chosen[0].cells_per_hour + PROBE_UNTIMED_S
+    if not has_records or deadline.cell_s is None:
+        return pool.Deadline(deadline.at, projected)
+    alone = [r for r in rounds if r.parallel == 1]
+    slowdown = chosen[0].seconds_per_update / alone[0].seconds_per_update if alone else 1.0
+    return pool.Deadline(deadline.at, max(deadline.cell_s * max(1.0, slowdown), projected))
 
 
 def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path:

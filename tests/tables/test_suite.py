@@ -623,10 +623,12 @@ def test_parallel_auto_probes_1_and_2_at_once_and_takes_the_faster(tmp_path, mon
     assert exit_.value.code == 2
 
 
-def test_the_probe_replaces_the_presets_time_per_cell_only_where_no_record_measures_it():
-    """A preset's minutes per cell are for one cell alone: after a probe, the deadline expects the
-    probe's time per cell at the chosen count (start-up plus the full cell's updates, plus the
-    allowance for what the probe does not time); a record's measured time, or no deadline, stays."""
+def test_after_a_probe_the_deadline_expects_the_time_per_cell_of_cells_sharing_the_device():
+    """A preset's minutes and a record's wall time are for one cell alone: after a probe, the
+    deadline expects the probe's projection at the chosen count (start-up plus the full cell's
+    updates, plus the allowance for what the probe does not time) where no record exists, and
+    else the records' median scaled by the probe's slowdown, or the projection if larger; no
+    deadline, or no round at the chosen count, leaves it as it was."""
     from runner.tables.pool import Deadline, ProbeRun
     from runner.tables.real_tier import PROBE_UNTIMED_S, probed_deadline
 
@@ -635,7 +637,11 @@ def test_the_probe_replaces_the_presets_time_per_cell_only_where_no_record_measu
     probed = probed_deadline(preset, rounds, 4, has_records=False)
     assert probed.at == 1000.0 and probed.cell_s == pytest.approx(24 + 6000 * 0.025 + PROBE_UNTIMED_S)
     assert probed_deadline(preset, rounds, 1, has_records=False).cell_s == pytest.approx(80 + PROBE_UNTIMED_S)
-    assert probed_deadline(preset, rounds, 4, has_records=True) is preset
+    # a record of 300 s alone: 2.5x slower at 4 at once (750 s), more than the projection (234 s)
+    assert probed_deadline(preset, rounds, 4, has_records=True).cell_s == pytest.approx(300 * 2.5)
+    # a record shorter than the projection (20 s alone, 50 s at 4): the projection holds
+    short = probed_deadline(Deadline(at=1000.0, cell_s=20.0), rounds, 4, has_records=True)
+    assert short.cell_s == pytest.approx(24 + 6000 * 0.025 + PROBE_UNTIMED_S)
     assert probed_deadline(None, rounds, 4, has_records=False) is None
     assert probed_deadline(preset, [], 1, has_records=False) is preset  # no round finished
 
