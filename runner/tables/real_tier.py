@@ -83,7 +83,10 @@ def run_real(target: Target, request: Request, tier: str = "real",
     rounds: list[pool.ProbeRun] = []
     if request.probe and trains and todo:
         parallel, rounds = probe(todo[0], work, gpu, compose)
-        deadline = probed_deadline(deadline, rounds, parallel, has_records=any(c.record for c in cells))
+        has_records = any(c.record for c in cells)
+        if deadline is not None and rounds:
+            parallel = parallel_for_deadline(deadline, rounds, parallel, has_records, len(todo))
+        deadline = probed_deadline(deadline, rounds, parallel, has_records)
     outcome = (pool.PoolOutcome() if request.table_only else
                pool.run_cells(cells, work, records, parallel, report, compose=compose, deadline=deadline))
     path = report()
@@ -164,6 +167,28 @@ def probed_deadline(deadline: Optional[pool.Deadline], rounds: Sequence[pool.Pro
     alone = [r for r in rounds if r.parallel == 1]
     slowdown = chosen[0].seconds_per_update / alone[0].seconds_per_update if alone else 1.0
     return pool.Deadline(deadline.at, max(deadline.cell_s * max(1.0, slowdown), projected))
+
+
+def parallel_for_deadline(deadline: pool.Deadline, rounds: Sequence[pool.ProbeRun], parallel: int,
+                          has_records: bool, todo: int) -> int:
+    """The count at once that finishes the most of `todo` cells before the deadline (each count's
+    time per cell from `probed_deadline`, so in waves of that many): the most cells per hour
+    can be a count whose slower cells no longer fit in the time left. `parallel` (the probe's
+    choice) where no count finishes a cell, and the more cells per hour on a tie."""
+    left = deadline.left()
+
+    def finished(run: pool.ProbeRun) -> int:
+        cell_s = probed_deadline(deadline, rounds, run.parallel, has_records).cell_s
+        return min(todo, run.parallel * int(left // cell_s)) if cell_s else 0
+
+    best = max(rounds, key=lambda r: (finished(r), r.cells_per_hour, -r.parallel))
+    if finished(best) == 0:
+        return parallel
+    if best.parallel != parallel:
+        print(f"probe: {best.parallel} cell(s) at once finish {finished(best)} before the deadline "
+              f"({format_duration(left)} left); {parallel} at once would finish "
+              f"{finished(next(r for r in rounds if r.parallel == parallel))}")
+    return best.parallel
 
 
 def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path:

@@ -646,6 +646,31 @@ def test_after_a_probe_the_deadline_expects_the_time_per_cell_of_cells_sharing_t
     assert probed_deadline(preset, [], 1, has_records=False) is preset  # no round finished
 
 
+def test_with_a_deadline_the_count_at_once_is_the_one_that_finishes_the_most_cells():
+    """The most cells per hour is not the most cells by a deadline: 8 at once (0.055 s/update,
+    414 s a cell) finish none in 400 s, 4 at once (0.03 s/update, 264 s) finish 4, and 1 alone
+    (124 s) finishes 3 in waves; a tie goes to the more cells per hour, and where nothing
+    finishes the probe's own choice stays."""
+    import time
+
+    from runner.tables.pool import Deadline, ProbeRun
+    from runner.tables.real_tier import PROBE_UNTIMED_S, parallel_for_deadline
+
+    def run(n: int, spu: float) -> ProbeRun:
+        return ProbeRun(n, spu, 24.0, n * 3600 / (24 + 6000 * spu))
+
+    rounds = [run(1, 0.0067), run(4, 0.030), run(8, 0.055)]
+    assert max(rounds, key=lambda r: r.cells_per_hour).parallel == 8
+    soon = Deadline(time.monotonic() + 400, cell_s=None)
+    assert 24 + 6000 * 0.055 + PROBE_UNTIMED_S > 400  # 8 at once: not one cell by the deadline
+    assert parallel_for_deadline(soon, rounds, 8, has_records=False, todo=14) == 4
+    assert parallel_for_deadline(soon, rounds, 8, has_records=False, todo=2) == 4  # 2 cells either way: more per hour
+    later = Deadline(time.monotonic() + 3000, cell_s=None)
+    assert parallel_for_deadline(later, rounds, 8, has_records=False, todo=28) == 8
+    never = Deadline(time.monotonic() + 60, cell_s=None)
+    assert parallel_for_deadline(never, rounds, 8, has_records=False, todo=14) == 8
+
+
 @pytest.mark.slow
 def test_the_prepared_gpu_call_rehearsed_on_cpu_returns_one_bundle(tmp_path):
     """ci/gpu-session.sh call, rehearsed on CPU with the device forced to CPU and tiny sizes: the
