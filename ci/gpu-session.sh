@@ -113,6 +113,9 @@ case "$step" in
     # will end before the deadline. Rehearsed on CPU by tests/tables/test_suite.py with
     # trainer.device=cpu and tiny overrides: on a GPU only the device differs.
     start=$(date +%s)
+    case "${TESTS_LIMIT:-150}" in
+      ''|*[!0-9]*) echo "gpu-session: TESTS_LIMIT must be whole seconds, got '${TESTS_LIMIT}'" >&2; exit 2 ;;
+    esac
     if [ "${TESTS_LIMIT:-150}" -gt 0 ]; then  # TESTS_LIMIT=0: the whole call for the pool
       timeout -k 15 -s INT "${TESTS_LIMIT:-150}" "$python" -m pytest -m cuda -v -rs tests/test_cuda.py \
         -k "${TESTS_K:-compile or checkpoint or radam or wait}" -p no:xdist --junitxml "$out/cuda-tests.xml" \

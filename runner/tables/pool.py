@@ -8,9 +8,9 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -48,17 +48,23 @@ class Job:
 @dataclass(frozen=True)
 class Deadline:
     """When the pool must be done (time.monotonic()), and the seconds a cell is expected to take
-    (None: unknown, so a cell is started while time is left)."""
+    (None: unknown, so a cell is started while time is left), or, by cell name, each cell's own
+    (`per_cell`; cells it does not name take `cell_s`)."""
 
     at: float
     cell_s: Optional[float] = None
+    per_cell: Mapping[str, float] = field(default_factory=dict)
 
     def left(self) -> float:
         return self.at - time.monotonic()
 
-    def fits(self) -> bool:
-        """Whether a cell started now is expected to finish in time."""
-        return self.left() > (self.cell_s or 0.0)
+    def expected_s(self, name: str = "") -> float:
+        return self.per_cell.get(name, self.cell_s or 0.0)
+
+    def fits(self, name: str = "") -> bool:
+        """Whether the cell `name` (any cell, without per-cell times), started now, is expected
+        to finish in time."""
+        return self.left() > self.expected_s(name)
 
 
 @dataclass
@@ -77,8 +83,12 @@ def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel
               on_cell_done: Optional[Callable[[str], None]] = None, *,
               compose: Callable[[list[str]], Config], deadline: Optional[Deadline] = None) -> PoolOutcome:
     """Train the cells without a record, `parallel` at a time, one thread each; write each
-    finished cell's record at once (run_jobs)."""
-    return run_jobs([Job(c, work, records) for c in seed_major(cells)], parallel, on_cell_done,
+    finished cell's record at once (run_jobs). With per-cell times in the deadline, the cheaper
+    cells go first (seed-major among equals), so a session cut short ends with the most records."""
+    order = seed_major(cells)
+    if deadline is not None and deadline.per_cell:
+        order = sorted(order, key=lambda c: deadline.expected_s(c.name))
+    return run_jobs([Job(c, work, records) for c in order], parallel, on_cell_done,
                     compose=compose, deadline=deadline)
 
 
@@ -239,11 +249,13 @@ class _Pool:
         deadline = self.deadline
         while self.queue or self.running:
             while self.queue and len(self.running) < self.parallel:
-                if deadline is not None and not deadline.fits():
-                    outcome.not_started = len(self.queue)  # cells of a suite cost alike: none fits
+                if deadline is not None and not deadline.fits(self.queue[0].cell.name):
+                    # the queue runs cheapest first (run_cells): when its head does not fit, none does
+                    outcome.not_started = len(self.queue)
                     console.print(f"deadline: {outcome.not_started} cell(s) not started, "
                                   f"{format_duration(max(0.0, deadline.left()))} left and ~"
-                                  f"{format_duration(deadline.cell_s or 0.0)} per cell")
+                                  f"{format_duration(deadline.expected_s(self.queue[0].cell.name))} "
+                                  "for the next cell")
                     self.queue.clear()
                     progress.update(task, total=ended + len(self.running))
                     break

@@ -81,12 +81,24 @@ def run_real(target: Target, request: Request, tier: str = "real",
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
     deadline = cell_deadline(request, [c.record for c in cells if c.record], minutes, start)
     rounds: list[pool.ProbeRun] = []
+    layers: dict[str, int] = {}  # each cell's layers, composed once, for the costs below
+
+    def cell_layers(cell: suite.SuiteCell) -> int:
+        if cell.name not in layers:
+            layers[cell.name] = model_layers(compose(cell.overrides))
+        return layers[cell.name]
+
+    probed = None
     if request.probe and trains and todo:
-        parallel, rounds = probe(todo[0], work, gpu, compose)
-        has_records = any(c.record for c in cells)
+        probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
+        parallel, rounds = probe(probed, work, gpu, compose)
+        # the deadline's time per cell came from records only where one has a wall time (cell_deadline)
+        has_records = any(c.record and c.record.get("wall_s") for c in cells)
         if deadline is not None and rounds:
             parallel = parallel_for_deadline(deadline, rounds, parallel, has_records, len(todo))
         deadline = probed_deadline(deadline, rounds, parallel, has_records)
+    if deadline is not None and trains and todo:
+        deadline = with_layer_costs(deadline, cells, todo, probed if rounds else None, cell_layers)
     outcome = (pool.PoolOutcome() if request.table_only else
                pool.run_cells(cells, work, records, parallel, report, compose=compose, deadline=deadline))
     path = report()
@@ -114,16 +126,18 @@ PROBE_CANDIDATES = (1, 2, 4, 8)
 
 def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
           compose: Callable[[list[str]], Config]) -> tuple[int, list[pool.ProbeRun]]:
-    """`--parallel auto`: how many cells at once, from a short probe of the first cell to train
-    (runner/tables/pool.py probe_parallel), in a scratch folder beside the suite's run folders."""
+    """`--parallel auto`: how many cells at once, from a short probe of `cell` (run_real gives
+    the cell to train with the fewest layers; runner/tables/pool.py probe_parallel), in a scratch
+    folder beside the suite's run folders."""
     cores = os.cpu_count() or 1  # cells on the CPU (the gpu tier rehearsed there too) share its cores
     candidates = (PROBE_CANDIDATES if gpu and gpu_visible() else
                   tuple(n for n in PROBE_CANDIDATES if n <= cores))
     cfg = compose(cell.overrides)
     full = cfg.trainer.max_updates
-    # A warmup's length does not change what a step costs, but one as long as the probe's run is
-    # refused by the config check: the probe's copies warm up for half of their updates instead.
-    fit = (f"warmup.updates={PROBE_UPDATES // 2}",) if cfg.warmup.updates >= PROBE_UPDATES else ()
+    # A warmup's length does not change what a step costs, but one longer than the probe's run
+    # is refused by the config check: the probe's copies warm up for half of their updates instead
+    # (None: warmup=auto, which the run resolves from its init scheme).
+    fit = (f"warmup.updates={PROBE_UPDATES // 2}",) if (cfg.warmup.updates or 0) >= PROBE_UPDATES else ()
     print(f"probe: {PROBE_UPDATES} updates of {cell.label}, {', '.join(map(str, candidates))} at once")
     parallel, rounds = pool.probe_parallel(cell, work.parent / f"{work.name}-probe", candidates,
                                            PROBE_UPDATES, full, compose=compose, extra=fit)
@@ -176,6 +190,8 @@ def parallel_for_deadline(deadline: pool.Deadline, rounds: Sequence[pool.ProbeRu
     can be a count whose slower cells no longer fit in the time left. `parallel` (the probe's
     choice) where no count finishes a cell, and the more cells per hour on a tie."""
     left = deadline.left()
+    if left <= 0:
+        return parallel
 
     def finished(run: pool.ProbeRun) -> int:
         cell_s = probed_deadline(deadline, rounds, run.parallel, has_records).cell_s
@@ -189,6 +205,28 @@ def parallel_for_deadline(deadline: pool.Deadline, rounds: Sequence[pool.ProbeRu
               f"({format_duration(left)} left); {parallel} at once would finish "
               f"{finished(next(r for r in rounds if r.parallel == parallel))}")
     return best.parallel
+
+
+def model_layers(cfg: Config) -> int:
+    """Layers a token passes through: both stacks of translation, the one stack of task=lm."""
+    if cfg.task == "lm":
+        return cfg.model.num_decoder_layers
+    return cfg.model.num_encoder_layers + cfg.model.num_decoder_layers
+
+
+def with_layer_costs(deadline: pool.Deadline, cells: Sequence[suite.SuiteCell], todo: Sequence[suite.SuiteCell],
+                     probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int]) -> pool.Deadline:
+    """Each cell's own expected time: the deadline's time per cell, measured on one cell (the
+    median record's, as cell_deadline takes it, else the probe's), scaled by the layers of each
+    cell over that one's, so that a suite of 6+6 and 18+18 cells does not start a deep cell on a
+    shallow cell's time. A preset's minutes per cell are one figure for every cell and stay so."""
+    timed = sorted((c for c in cells if c.record and c.record.get("wall_s")), key=lambda c: c.record["wall_s"])
+    reference = timed[len(timed) // 2] if timed else probed
+    if reference is None or deadline.cell_s is None:
+        return deadline
+    base = max(1, cell_layers(reference))
+    return pool.Deadline(deadline.at, deadline.cell_s,
+                         {c.name: deadline.cell_s * max(1, cell_layers(c)) / base for c in todo})
 
 
 def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path:

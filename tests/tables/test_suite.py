@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -669,6 +670,47 @@ def test_with_a_deadline_the_count_at_once_is_the_one_that_finishes_the_most_cel
     assert parallel_for_deadline(later, rounds, 8, has_records=False, todo=28) == 8
     never = Deadline(time.monotonic() + 60, cell_s=None)
     assert parallel_for_deadline(never, rounds, 8, has_records=False, todo=14) == 8
+    past = Deadline(time.monotonic() - 5, cell_s=None)  # the probe ended after the deadline
+    assert parallel_for_deadline(past, rounds, 8, has_records=False, todo=14) == 8
+
+
+def test_under_a_deadline_each_cell_expects_its_layers_share_and_the_cheapest_run_first(monkeypatch):
+    """A time per cell measured on one cell (the median record's, else the probe's) is scaled
+    by each cell's layers over that cell's, so an 18+18 cell expects 3x a 6+6 one; the pool
+    then runs the cheapest first (seed-major among equals), and a preset's minutes, one figure
+    for every cell, stay one figure."""
+    from runner.tables import pool
+    from runner.tables.pool import Deadline, run_cells
+    from runner.tables.real_tier import model_layers, with_layer_costs
+
+    cells = suite.plan("reproduce_table2_gpu")  # method-major, 18+18 before 6+6 within a method
+    assert compose(cells[0].overrides).model.num_encoder_layers == 18
+    shallow = next(c for c in cells if c.arm["model.layers"] == "6")
+    shallow.record = {"wall_s": 265.0}
+    todo = [c for c in cells if c.record is None]
+
+    def layers(c):
+        return model_layers(compose(c.overrides))
+
+    costed = with_layer_costs(Deadline(at=1e9, cell_s=265.0), cells, todo, None, layers)
+    assert {c.arm["model.layers"]: costed.expected_s(c.name) for c in todo} == {"6": 265.0, "18": 265.0 * 3}
+    assert costed.cell_s == 265.0 and len(costed.per_cell) == len(todo) == 27
+    # no record: the probe's cell is the reference; neither: the preset's one figure
+    probed = next(c for c in todo if c.arm["model.layers"] == "18")
+    shallow.record = None
+    by_probe = with_layer_costs(Deadline(at=1e9, cell_s=900.0), cells, cells, probed, layers)
+    assert {by_probe.expected_s(c.name) for c in cells} == {300.0, 900.0}
+    preset = Deadline(at=1e9, cell_s=300.0)
+    assert with_layer_costs(preset, cells, cells, None, layers) is preset
+
+    order = []
+    monkeypatch.setattr(pool, "run_jobs", lambda jobs, *a, **k: order.extend(j.cell for j in jobs))
+    run_cells(cells, Path("unused"), None, 1, compose=compose, deadline=by_probe)
+    assert [c.arm["model.layers"] for c in order] == ["6"] * 14 + ["18"] * 14
+    assert [c.seed for c in order[:14]] == [1] * 7 + [2] * 7  # seed-major among the shallow cells
+    order.clear()
+    run_cells(cells, Path("unused"), None, 1, compose=compose, deadline=preset)
+    assert order[0].arm["model.layers"] == "18"  # one figure for every cell: the plan's order
 
 
 @pytest.mark.slow
