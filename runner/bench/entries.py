@@ -49,10 +49,11 @@ PEER_SCHEDULE = {"small": (3, 15, 1), "tiny-peer": (20, 150, 1)}
 DEFAULT_SCHEDULE = (10, 20, 3)
 # On CUDA an update takes milliseconds and the first ones meet new batch shapes (kernel choice and
 # loading, the allocator growing), so the CPU's short schedules time start-up: `small` with 5 warm-up
-# updates and windows of 5 measured 372-756 ms/update on an H200, against 0.041 s/update over a
-# 6,000-update table2 cell of the same model on the same machine (results/performance/gpu-h200-2026-11-28).
-# On CUDA every preset entry warms up at least this many updates and times windows at least this long.
-CUDA_MIN_WARMUP, CUDA_MIN_STEPS = 40, 20
+# updates and windows of 5 measured 372-756 ms/update on an H200. A 6,000-update table2 cell of the
+# same model on the same machine took 45 s for its first 100 updates and 34 ms an update after its
+# 500th (results/performance/gpu-h200-2026-11-28). On CUDA every preset entry warms up at least
+# this many updates and times windows at least this long.
+CUDA_MIN_WARMUP, CUDA_MIN_STEPS = 100, 20
 # The peer's fairseq-generate call: --max-tokens 4096 --batch-size 128 (peer_train_bench.sh)
 PEER_DECODE_MAX_TOKENS, PEER_DECODE_BATCH_SIZE = 4096, 128
 

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.config import Config
 from runner.console import console, format_duration
-from runner.run.folder import read_result, write_config
+from runner.run.folder import read_metrics, read_result, write_config
 from runner.tables.records import Records, record_from_run
 from runner.tables.suite import SuiteCell, fmt_number, seed_major
 
@@ -135,31 +135,58 @@ class ProbeRun:
 # Probe rounds keep only what is measured: no checkpoint, one validation batch, no decoding.
 PROBE_OVERRIDES = ("trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.valid_interval=0",
                    "trainer.valid_max_batches=1", "trainer.final_bleu=false", "trainer.valid_bleu=false")
+PROBE_LOGS = 10  # logged intervals per probe run: the steady rate is read from the later ones
+
+
+def steady_seconds_per_update(record: dict, metrics: Sequence[dict]) -> float:
+    """Seconds per update over the second half of a run's updates, from the training log's
+    cumulative wall times: a GPU's first updates meet new batch shapes and run many times slower
+    (an H200's first 100 updates of a 6+6 cell took 45 s, the next 400 took 20 s), so a short
+    run's mean (`seconds_per_update`) would project that start-up onto every update. The mean
+    where the log has fewer than two records in the second half."""
+    half = record["updates"] / 2
+    late = [(r["step"], r["wall_s"]) for r in metrics
+            if r.get("split") == "train" and r.get("wall_s") is not None and r["step"] > half]
+    if len(late) < 2 or late[-1][0] <= late[0][0] or late[-1][1] <= late[0][1]:
+        return record["seconds_per_update"]
+    return (late[-1][1] - late[0][1]) / (late[-1][0] - late[0][0])
 
 
 def probe_parallel(cell: SuiteCell, work: Path, candidates: Sequence[int], updates: int, full_updates: int,
-                   *, compose: Callable[[list[str]], Config], extra: Sequence[str] = ()) -> tuple[int, list[ProbeRun]]:
+                   *, compose: Callable[[list[str]], Config], extra: Sequence[str] = (),
+                   budget_s: Optional[float] = None) -> tuple[int, list[ProbeRun]]:
     """How many cells to run at once: `cell` trained for `updates` updates alone, then as n copies
     at once for each n of `candidates` (separate processes in `work`, as the pool runs them), each
-    round's cells per hour projected for cells of `full_updates` updates from its measured seconds
-    per update and start-up; it stops at the first round that gains nothing on the best before
-    it. `extra` overrides fit the cell to the probe's short run without changing a step's cost.
+    round's cells per hour projected for cells of `full_updates` updates from its steady seconds
+    per update (steady_seconds_per_update) and the rest of its wall time as start-up; it stops at
+    the first round that gains nothing on the best before it, and before a round that would end
+    past `budget_s` seconds of probing (each round takes at least as long as the one before).
+    `extra` overrides fit the cell to the probe's short run without changing a step's cost.
     Returns the n with the most cells per hour (the smallest on a tie) and every round."""
     rounds: list[ProbeRun] = []
-    probe = SuiteCell([*cell.overrides, f"trainer.max_updates={updates}", *PROBE_OVERRIDES, *extra],
+    probe = SuiteCell([*cell.overrides, f"trainer.max_updates={updates}", *PROBE_OVERRIDES,
+                       f"trainer.log_interval={max(1, updates // PROBE_LOGS)}", *extra],
                       cell.key, cell.arm, cell.seed)
+    began, last_round_s = time.monotonic(), 0.0
     for n in sorted(set(candidates)):
+        if budget_s is not None and rounds and time.monotonic() - began + last_round_s > budget_s:
+            console.print(f"probe: no time for {n} at once within the probe's {format_duration(budget_s)}")
+            break
         folder = work / f"x{n}"
         jobs = [Job(probe, folder / f"copy{i}", Records.load(folder / f"copy{i}"), f"probe x{n}")
                 for i in range(n)]
+        round_began = time.monotonic()
         run_jobs(jobs, n, compose=compose)
-        done = [r for j in jobs if (r := record_from_run(j.work / probe.name, probe.key, probe.arm, probe.seed))
+        last_round_s = time.monotonic() - round_began
+        done = [(r, read_metrics(j.work / probe.name)) for j in jobs
+                if (r := record_from_run(j.work / probe.name, probe.key, probe.arm, probe.seed))
                 and r.get("seconds_per_update") and r.get("updates")]
         if len(done) < n:
             console.print(f"probe: {n} at once did not finish ({len(done)} of {n} copies); stopping the probe")
             break
-        spu = float(np.median([r["seconds_per_update"] for r in done]))
-        start = float(np.median([max(0.0, r["wall_s"] - r["updates"] * r["seconds_per_update"]) for r in done]))
+        steady = [steady_seconds_per_update(r, m) for r, m in done]
+        spu = float(np.median(steady))
+        start = float(np.median([max(0.0, r["wall_s"] - r["updates"] * s) for (r, _), s in zip(done, steady)]))
         rounds.append(ProbeRun(n, spu, start, n * 3600.0 / (start + full_updates * spu)))
         console.print(f"probe: {rounds[-1].line()}")
         if len(rounds) > 1 and rounds[-1].cells_per_hour <= max(r.cells_per_hour for r in rounds[:-1]):

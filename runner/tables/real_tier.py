@@ -91,7 +91,8 @@ def run_real(target: Target, request: Request, tier: str = "real",
     probed = None
     if request.probe and trains and todo:
         probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
-        parallel, rounds = probe(probed, work, gpu, compose)
+        budget = deadline.left() * PROBE_BUDGET_SHARE if deadline is not None else None
+        parallel, rounds = probe(probed, work, gpu, compose, budget)
         # the deadline's time per cell came from records only where one has a wall time (cell_deadline)
         has_records = any(c.record and c.record.get("wall_s") for c in cells)
         if deadline is not None and rounds:
@@ -118,29 +119,35 @@ def run_real(target: Target, request: Request, tier: str = "real",
 
 
 # The probe (`--parallel auto`): rounds of this many updates, 1, 2, 4 and 8 cells at once (on a
-# CPU, up to its core count); enough updates to time a step after the first ones' warm-up, few
-# enough that the rounds cost about a minute of a GPU session.
+# CPU, up to its core count). On a CPU a step's time settles within a few updates. On a GPU the
+# first ~100 updates meet new batch shapes and run many times slower (an H200: 45 s for a 6+6
+# cell's first 100, 20 s for the next 400; results/performance/gpu-h200-2026-11-28), so a GPU
+# probe runs past them and reads the steady rate from its second half (pool.steady_seconds_per_update).
 PROBE_UPDATES = 30
+PROBE_UPDATES_CUDA = 200
 PROBE_CANDIDATES = (1, 2, 4, 8)
+# With a deadline, the probe's rounds stop before this share of the time left would be spent on them.
+PROBE_BUDGET_SHARE = 1 / 3
 
 
 def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
-          compose: Callable[[list[str]], Config]) -> tuple[int, list[pool.ProbeRun]]:
+          compose: Callable[[list[str]], Config], budget_s: Optional[float] = None) -> tuple[int, list[pool.ProbeRun]]:
     """`--parallel auto`: how many cells at once, from a short probe of `cell` (run_real gives
     the cell to train with the fewest layers; runner/tables/pool.py probe_parallel), in a scratch
     folder beside the suite's run folders."""
     cores = os.cpu_count() or 1  # cells on the CPU (the gpu tier rehearsed there too) share its cores
-    candidates = (PROBE_CANDIDATES if gpu and gpu_visible() else
-                  tuple(n for n in PROBE_CANDIDATES if n <= cores))
+    on_gpu = gpu and gpu_visible()
+    candidates = PROBE_CANDIDATES if on_gpu else tuple(n for n in PROBE_CANDIDATES if n <= cores)
+    updates = PROBE_UPDATES_CUDA if on_gpu else PROBE_UPDATES
     cfg = compose(cell.overrides)
     full = cfg.trainer.max_updates
     # A warmup's length does not change what a step costs, but one longer than the probe's run
     # is refused by the config check: the probe's copies warm up for half of their updates instead
     # (None: warmup=auto, which the run resolves from its init scheme).
-    fit = (f"warmup.updates={PROBE_UPDATES // 2}",) if (cfg.warmup.updates or 0) >= PROBE_UPDATES else ()
-    print(f"probe: {PROBE_UPDATES} updates of {cell.label}, {', '.join(map(str, candidates))} at once")
+    fit = (f"warmup.updates={updates // 2}",) if (cfg.warmup.updates or 0) >= updates else ()
+    print(f"probe: {updates} updates of {cell.label}, {', '.join(map(str, candidates))} at once")
     parallel, rounds = pool.probe_parallel(cell, work.parent / f"{work.name}-probe", candidates,
-                                           PROBE_UPDATES, full, compose=compose, extra=fit)
+                                           updates, full, compose=compose, extra=fit, budget_s=budget_s)
     print(f"probe: {parallel} cell(s) at once ({rounds[[r.parallel for r in rounds].index(parallel)].line()})"
           if rounds else "probe: no round finished; 1 cell at a time")
     return parallel, rounds

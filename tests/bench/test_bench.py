@@ -589,7 +589,7 @@ def test_cuda_entries_warm_up_and_time_longer_than_the_cpu_schedules():
         return entry.warmup, entry.steps, entry.windows
 
     assert schedule("--presets", "small", "--device", "cpu") == SCHEDULE["small"] == (3, 5, 3)
-    assert schedule("--presets", "small", "--device", "cuda") == (CUDA_MIN_WARMUP, CUDA_MIN_STEPS, 3) == (40, 20, 3)
-    assert schedule("--presets", "base", "--device", "cuda") == (40, 20, 3)  # base's own 30 raised
+    assert schedule("--presets", "small", "--device", "cuda") == (CUDA_MIN_WARMUP, CUDA_MIN_STEPS, 3) == (100, 20, 3)
+    assert schedule("--presets", "base", "--device", "cuda") == (100, 20, 3)  # base's own 30 raised
     assert schedule("--presets", "small", "--device", "cuda", "--quick") == (2, 2, 2)
     assert schedule("--presets", "small", "--device", "cuda", "--warmup", "7", "--steps", "9") == (7, 9, 3)

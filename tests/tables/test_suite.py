@@ -624,6 +624,22 @@ def test_parallel_auto_probes_1_and_2_at_once_and_takes_the_faster(tmp_path, mon
     assert exit_.value.code == 2
 
 
+def test_the_probe_reads_the_steady_rate_from_the_second_half_of_its_updates():
+    """A GPU's first updates run many times slower than the rest: the probe's seconds per update
+    come from the training log's cumulative wall times over the second half of its updates, not
+    from the run's mean; with fewer than two log records there, the mean."""
+    from runner.tables.pool import steady_seconds_per_update
+
+    # 200 updates: the first 100 at 0.45 s each (45 s), then 0.05 s each; logged every 20
+    walls = {step: (0.45 * step if step <= 100 else 45 + 0.05 * (step - 100)) for step in range(20, 201, 20)}
+    metrics = [{"split": "train", "step": k, "wall_s": w} for k, w in walls.items()]
+    metrics.append({"split": "valid", "step": 200, "wall_s": 99.0})  # not a training record
+    record = {"updates": 200, "seconds_per_update": 50.0 / 200}
+    assert steady_seconds_per_update(record, metrics) == pytest.approx(0.05)
+    assert steady_seconds_per_update(record, metrics[:5]) == 0.25  # nothing after update 100: the mean
+    assert steady_seconds_per_update(record, metrics[:6]) == 0.25  # one record after it: the mean
+
+
 def test_after_a_probe_the_deadline_expects_the_time_per_cell_of_cells_sharing_the_device():
     """A preset's minutes and a record's wall time are for one cell alone: after a probe, the
     deadline expects the probe's projection at the chosen count (start-up plus the full cell's
