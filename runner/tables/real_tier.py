@@ -93,13 +93,11 @@ def run_real(target: Target, request: Request, tier: str = "real",
         probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
         budget = deadline.left() * PROBE_BUDGET_SHARE if deadline is not None else None
         parallel, rounds = probe(probed, work, gpu, compose, budget)
-        # the deadline's time per cell came from records only where one has a wall time (cell_deadline)
-        has_records = any(c.record and c.record.get("wall_s") for c in cells)
-        if deadline is not None and rounds:
-            parallel = parallel_for_deadline(deadline, rounds, parallel, has_records, len(todo))
-        deadline = probed_deadline(deadline, rounds, parallel, has_records)
     if deadline is not None and trains and todo:
-        deadline = with_layer_costs(deadline, cells, todo, probed if rounds else None, cell_layers)
+        costs = CellCosts(deadline, cells, todo, rounds, probed, cell_layers)
+        if rounds:
+            parallel = costs.parallel_for_deadline(parallel)
+        deadline = costs.deadline(parallel)
     outcome = (pool.PoolOutcome() if request.table_only else
                pool.run_cells(cells, work, records, parallel, report, compose=compose, deadline=deadline))
     path = report()
@@ -171,49 +169,6 @@ def cell_deadline(request: Request, records: Sequence[dict], minutes: float,
 PROBE_UNTIMED_S = 60.0
 
 
-def probed_deadline(deadline: Optional[pool.Deadline], rounds: Sequence[pool.ProbeRun], parallel: int,
-                    has_records: bool) -> Optional[pool.Deadline]:
-    """The deadline's time per cell once a probe has measured `parallel` cells at once: cells
-    sharing a device each run slower, so a time per cell measured alone no longer holds. Without
-    a record, the probe's own projection (its start-up plus the full cell's updates at the
-    measured seconds per update, plus PROBE_UNTIMED_S) replaces the preset's estimate; with
-    records, their median is scaled by the probe's slowdown (seconds per update at `parallel`
-    over alone) and the larger of that and the projection is expected."""
-    chosen = [r for r in rounds if r.parallel == parallel]
-    if deadline is None or not chosen:
-        return deadline
-    projected = 3600.0 * parallel / chosen[0].cells_per_hour + PROBE_UNTIMED_S
-    if not has_records or deadline.cell_s is None:
-        return pool.Deadline(deadline.at, projected)
-    alone = [r for r in rounds if r.parallel == 1]
-    slowdown = chosen[0].seconds_per_update / alone[0].seconds_per_update if alone else 1.0
-    return pool.Deadline(deadline.at, max(deadline.cell_s * max(1.0, slowdown), projected))
-
-
-def parallel_for_deadline(deadline: pool.Deadline, rounds: Sequence[pool.ProbeRun], parallel: int,
-                          has_records: bool, todo: int) -> int:
-    """The count at once that finishes the most of `todo` cells before the deadline (each count's
-    time per cell from `probed_deadline`, so in waves of that many): the most cells per hour
-    can be a count whose slower cells no longer fit in the time left. `parallel` (the probe's
-    choice) where no count finishes a cell, and the more cells per hour on a tie."""
-    left = deadline.left()
-    if left <= 0:
-        return parallel
-
-    def finished(run: pool.ProbeRun) -> int:
-        cell_s = probed_deadline(deadline, rounds, run.parallel, has_records).cell_s
-        return min(todo, run.parallel * int(left // cell_s)) if cell_s else 0
-
-    best = max(rounds, key=lambda r: (finished(r), r.cells_per_hour, -r.parallel))
-    if finished(best) == 0:
-        return parallel
-    if best.parallel != parallel:
-        print(f"probe: {best.parallel} cell(s) at once finish {finished(best)} before the deadline "
-              f"({format_duration(left)} left); {parallel} at once would finish "
-              f"{finished(next(r for r in rounds if r.parallel == parallel))}")
-    return best.parallel
-
-
 def model_layers(cfg: Config) -> int:
     """Layers a token passes through: both stacks of translation, the one stack of task=lm."""
     if cfg.task == "lm":
@@ -221,19 +176,78 @@ def model_layers(cfg: Config) -> int:
     return cfg.model.num_encoder_layers + cfg.model.num_decoder_layers
 
 
-def with_layer_costs(deadline: pool.Deadline, cells: Sequence[suite.SuiteCell], todo: Sequence[suite.SuiteCell],
-                     probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int]) -> pool.Deadline:
-    """Each cell's own expected time: the deadline's time per cell, measured on one cell (the
-    median record's, as cell_deadline takes it, else the probe's), scaled by the layers of each
-    cell over that one's, so that a suite of 6+6 and 18+18 cells does not start a deep cell on a
-    shallow cell's time. A preset's minutes per cell are one figure for every cell and stay so."""
-    timed = sorted((c for c in cells if c.record and c.record.get("wall_s")), key=lambda c: c.record["wall_s"])
-    reference = timed[len(timed) // 2] if timed else probed
-    if reference is None or deadline.cell_s is None:
-        return deadline
-    base = max(1, cell_layers(reference))
-    return pool.Deadline(deadline.at, deadline.cell_s,
-                         {c.name: deadline.cell_s * max(1, cell_layers(c)) / base for c in todo})
+class CellCosts:
+    """Each cell's expected seconds under a deadline, with `parallel` cells sharing the machine.
+
+    Two measurements can give it, each taken on one cell and scaled to every other cell by its
+    layers over that cell's (an 18+18 cell expects 3x a 6+6 one):
+    - the suite's records: the median record's wall time (cell_deadline takes the same), times the
+      probe's slowdown at `parallel` (its seconds per update there over alone; 1 without a probe),
+      a record being taken as trained alone;
+    - the probe: its projection for the probed cell at `parallel`, its start-up plus the cell's
+      updates at the steady seconds per update, plus PROBE_UNTIMED_S.
+    A cell expects the larger of the two where both exist. With neither (the preset's minutes per
+    cell, one figure for every cell), the deadline stays as it is."""
+
+    def __init__(self, deadline: pool.Deadline, cells: Sequence[suite.SuiteCell],
+                 todo: Sequence[suite.SuiteCell], rounds: Sequence[pool.ProbeRun],
+                 probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int]):
+        timed = sorted((c for c in cells if c.record and c.record.get("wall_s")), key=lambda c: c.record["wall_s"])
+        self.base, self.todo, self.layers = deadline, list(todo), cell_layers
+        self.reference = timed[len(timed) // 2] if timed else None
+        self.rounds = {r.parallel: r for r in rounds}
+        self.probed = probed if rounds else None
+
+    def seconds(self, cell: suite.SuiteCell, parallel: int) -> Optional[float]:
+        size = max(1, self.layers(cell))
+        estimates = []
+        chosen, alone = self.rounds.get(parallel), self.rounds.get(1)
+        if self.reference is not None and self.base.cell_s is not None:
+            slowdown = chosen.seconds_per_update / alone.seconds_per_update if chosen and alone else 1.0
+            estimates.append(self.base.cell_s * max(1.0, slowdown) * size / max(1, self.layers(self.reference)))
+        if chosen is not None and self.probed is not None:
+            projected = 3600.0 * parallel / chosen.cells_per_hour + PROBE_UNTIMED_S
+            estimates.append(projected * size / max(1, self.layers(self.probed)))
+        return max(estimates) if estimates else None
+
+    def deadline(self, parallel: int) -> pool.Deadline:
+        """The deadline with each cell's own expected seconds at `parallel` at once (`cell_s`: the
+        cheapest cell's, as the summary reports it)."""
+        per_cell = {c.name: s for c in self.todo if (s := self.seconds(c, parallel)) is not None}
+        if not per_cell:
+            return self.base
+        return pool.Deadline(self.base.at, min(per_cell.values()), per_cell)
+
+    def finished(self, parallel: int, left: float) -> int:
+        """Cells finished in `left` seconds at `parallel` at once, cheapest first, each slot
+        taking the next cell when it ends in time."""
+        costs = sorted(self.deadline(parallel).per_cell.values())
+        slots = [0.0] * parallel
+        done = 0
+        for cost in costs:
+            slot = min(range(parallel), key=slots.__getitem__)
+            if slots[slot] + cost > left:
+                break  # the earliest free slot cannot fit the cheapest cell left: none can
+            slots[slot] += cost
+            done += 1
+        return done
+
+    def parallel_for_deadline(self, parallel: int) -> int:
+        """The probed count at once that finishes the most cells before the deadline: the most
+        cells per hour can be a count whose slower cells no longer fit in the time left.
+        `parallel` (the probe's choice) where no count finishes a cell; the more cells per hour
+        on a tie."""
+        left = self.base.left()
+        if left <= 0 or not self.rounds:
+            return parallel
+        count = {n: self.finished(n, left) for n in self.rounds}
+        best = max(self.rounds.values(), key=lambda r: (count[r.parallel], r.cells_per_hour, -r.parallel))
+        if count[best.parallel] == 0:
+            return parallel
+        if best.parallel != parallel:
+            print(f"probe: {best.parallel} cell(s) at once finish {count[best.parallel]} before the deadline "
+                  f"({format_duration(left)} left); {parallel} at once would finish {count.get(parallel, 0)}")
+        return best.parallel
 
 
 def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path:

@@ -592,6 +592,7 @@ def test_parallel_auto_probes_1_and_2_at_once_and_takes_the_faster(tmp_path, mon
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path / "results"))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(real_tier, "PROBE_UPDATES", 10)  # enough to time a tiny step
+    monkeypatch.setattr(real_tier, "PROBE_BUDGET_SHARE", 1.0)  # both rounds, however loaded the machine
     bundle = tmp_path / "table2.tgz"
     # a deadline of 60 s: after the probe, no cell of the preset's 32 min fits, so none trains here
     # (the pool trains with the chosen count in the other tests; the summary says which it chose)
@@ -616,6 +617,14 @@ def test_parallel_auto_probes_1_and_2_at_once_and_takes_the_faster(tmp_path, mon
     assert summary["expected_cell_s"] == pytest.approx(measured) and measured < 32 * 60
     probe_dir = tmp_path / "out" / "table2-real-probe"
     assert len(list(probe_dir.glob("x2/copy*/*/result.json"))) == 2  # two copies, two folders
+    # a probe whose budget (a share of the time to the deadline) runs out stops its round and ends
+    monkeypatch.setattr(real_tier, "PROBE_BUDGET_SHARE", 0.001)
+    assert reproduce_main(["table2", "--scale", "real", "--parallel", "auto", "--out", str(tmp_path / "out2"),
+                           "--deadline", "60", "--bundle", str(bundle), *SHRINK[:-3], "method=pre_ln",
+                           "warmup.updates=15", "trainer.seed=1"]) == 0
+    with tarfile.open(bundle) as tar:
+        cut = json.load(tar.extractfile("summary.json"))
+    assert cut["probe"] == [] and cut["parallel"] == 1 and cut["not_started"] == 1
     assert reproduce_main(["table2", "--scale", "real", "--deadline", "0"]) == 2
     assert reproduce_main(["table2", "--scale", "cpu", "--deadline", "60"]) == 2  # the sweep tiers have none
     assert reproduce_main(["all", "--parallel", "auto"]) == 2  # the probe is one suite's
@@ -640,93 +649,108 @@ def test_the_probe_reads_the_steady_rate_from_the_second_half_of_its_updates():
     assert steady_seconds_per_update(record, metrics[:6]) == 0.25  # one record after it: the mean
 
 
-def test_after_a_probe_the_deadline_expects_the_time_per_cell_of_cells_sharing_the_device():
-    """A preset's minutes and a record's wall time are for one cell alone: after a probe, the
-    deadline expects the probe's projection at the chosen count (start-up plus the full cell's
-    updates, plus the allowance for what the probe does not time) where no record exists, and
-    else the records' median scaled by the probe's slowdown, or the projection if larger; no
-    deadline, or no round at the chosen count, leaves it as it was."""
-    from runner.tables.pool import Deadline, ProbeRun
-    from runner.tables.real_tier import PROBE_UNTIMED_S, probed_deadline
+def _table2_gpu_cells():
+    """table2's GPU cells (method-major: 18+18 before 6+6 within a method) and their layers."""
+    from runner.tables.real_tier import model_layers
 
-    rounds = [ProbeRun(1, 0.010, 20.0, 3600 / (20 + 6000 * 0.010)), ProbeRun(4, 0.025, 24.0, 4 * 3600 / (24 + 6000 * 0.025))]
-    preset = Deadline(at=1000.0, cell_s=300.0)
-    probed = probed_deadline(preset, rounds, 4, has_records=False)
-    assert probed.at == 1000.0 and probed.cell_s == pytest.approx(24 + 6000 * 0.025 + PROBE_UNTIMED_S)
-    assert probed_deadline(preset, rounds, 1, has_records=False).cell_s == pytest.approx(80 + PROBE_UNTIMED_S)
-    # a record of 300 s alone: 2.5x slower at 4 at once (750 s), more than the projection (234 s)
-    assert probed_deadline(preset, rounds, 4, has_records=True).cell_s == pytest.approx(300 * 2.5)
-    # a record shorter than the projection (20 s alone, 50 s at 4): the projection holds
-    short = probed_deadline(Deadline(at=1000.0, cell_s=20.0), rounds, 4, has_records=True)
-    assert short.cell_s == pytest.approx(24 + 6000 * 0.025 + PROBE_UNTIMED_S)
-    assert probed_deadline(None, rounds, 4, has_records=False) is None
-    assert probed_deadline(preset, [], 1, has_records=False) is preset  # no round finished
+    cells = suite.plan("reproduce_table2_gpu")
+    layers = {c.name: model_layers(compose(c.overrides)) for c in cells}
+    return cells, lambda c: layers[c.name]
+
+
+def _probe_run(n: int, spu: float, start: float = 24.0, updates: int = 6000):
+    from runner.tables.pool import ProbeRun
+
+    return ProbeRun(n, spu, start, n * 3600 / (start + updates * spu))
+
+
+def test_each_cell_expects_its_own_time_from_records_and_probe_scaled_by_its_layers():
+    """A cell's expected time: the median record's wall time times the probe's slowdown, and the
+    probe's projection for its cell, each scaled by the cell's layers over its own cell's, the
+    larger of the two; the preset's minutes (neither) stay one figure for every cell."""
+    from runner.tables.pool import Deadline
+    from runner.tables.real_tier import PROBE_UNTIMED_S, CellCosts
+
+    cells, layers = _table2_gpu_cells()
+    shallow = [c for c in cells if layers(c) == 12]
+    deep = [c for c in cells if layers(c) == 36]
+    assert len(shallow) == len(deep) == 14 and cells[0] in deep
+    preset = Deadline(at=1e9, cell_s=300.0)
+    assert CellCosts(preset, cells, cells, [], None, layers).deadline(1) is preset  # neither: one figure
+
+    rounds = [_probe_run(1, 0.010), _probe_run(4, 0.025)]
+    projected_4 = 24 + 6000 * 0.025 + PROBE_UNTIMED_S  # 234 s for a 6+6 cell at 4 at once
+    by_probe = CellCosts(preset, cells, cells, rounds, shallow[0], layers)
+    assert by_probe.seconds(shallow[1], 4) == pytest.approx(projected_4)
+    assert by_probe.seconds(deep[0], 4) == pytest.approx(3 * projected_4)
+    assert by_probe.seconds(shallow[1], 1) == pytest.approx(24 + 60 + PROBE_UNTIMED_S)
+
+    # a 6+6 record of 265 s (alone): at 4 at once 2.5x slower, 662.5 s, more than the projection
+    shallow[0].record = {"wall_s": 265.0}
+    try:
+        todo = [c for c in cells if c.record is None]
+        both = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, rounds, shallow[1], layers)
+        assert both.seconds(shallow[1], 4) == pytest.approx(265 * 2.5)
+        assert both.seconds(deep[0], 4) == pytest.approx(3 * 265 * 2.5)
+        # the probe of a deep cell (projection for 36 layers) is brought to each cell's layers
+        deep_probe = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, [_probe_run(1, 0.030)], deep[0], layers)
+        deep_projected = 24 + 6000 * 0.030 + PROBE_UNTIMED_S
+        assert deep_probe.seconds(deep[1], 1) == pytest.approx(max(3 * 265, deep_projected))
+        assert deep_probe.seconds(shallow[1], 1) == pytest.approx(max(265, deep_projected / 3))
+        costed = both.deadline(4)
+        assert len(costed.per_cell) == 27 and costed.cell_s == pytest.approx(265 * 2.5)
+        records_only = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, [], None, layers)
+        assert records_only.seconds(deep[0], 1) == pytest.approx(3 * 265)
+    finally:
+        shallow[0].record = None
 
 
 def test_with_a_deadline_the_count_at_once_is_the_one_that_finishes_the_most_cells():
-    """The most cells per hour is not the most cells by a deadline: 8 at once (0.055 s/update,
-    414 s a cell) finish none in 400 s, 4 at once (0.03 s/update, 264 s) finish 4, and 1 alone
-    (124 s) finishes 3 in waves; a tie goes to the more cells per hour, and where nothing
-    finishes the probe's own choice stays."""
+    """The most cells per hour is not the most cells by a deadline. 8 at once (0.055 s/update:
+    414 s a 6+6 cell) finish none in 400 s; 4 at once (264 s) finish 4; 1 alone (124 s) finishes 3,
+    cheapest first in waves. A tie goes to the more cells per hour; where nothing finishes, or the
+    deadline has passed, the probe's own choice stays."""
     import time
 
-    from runner.tables.pool import Deadline, ProbeRun
-    from runner.tables.real_tier import PROBE_UNTIMED_S, parallel_for_deadline
+    from runner.tables.pool import Deadline
+    from runner.tables.real_tier import CellCosts
 
-    def run(n: int, spu: float) -> ProbeRun:
-        return ProbeRun(n, spu, 24.0, n * 3600 / (24 + 6000 * spu))
-
-    rounds = [run(1, 0.0067), run(4, 0.030), run(8, 0.055)]
+    cells, layers = _table2_gpu_cells()
+    shallow = [c for c in cells if layers(c) == 12]
+    rounds = [_probe_run(1, 0.0067), _probe_run(4, 0.030), _probe_run(8, 0.055)]
     assert max(rounds, key=lambda r: r.cells_per_hour).parallel == 8
-    soon = Deadline(time.monotonic() + 400, cell_s=None)
-    assert 24 + 6000 * 0.055 + PROBE_UNTIMED_S > 400  # 8 at once: not one cell by the deadline
-    assert parallel_for_deadline(soon, rounds, 8, has_records=False, todo=14) == 4
-    assert parallel_for_deadline(soon, rounds, 8, has_records=False, todo=2) == 4  # 2 cells either way: more per hour
-    later = Deadline(time.monotonic() + 3000, cell_s=None)
-    assert parallel_for_deadline(later, rounds, 8, has_records=False, todo=28) == 8
-    never = Deadline(time.monotonic() + 60, cell_s=None)
-    assert parallel_for_deadline(never, rounds, 8, has_records=False, todo=14) == 8
-    past = Deadline(time.monotonic() - 5, cell_s=None)  # the probe ended after the deadline
-    assert parallel_for_deadline(past, rounds, 8, has_records=False, todo=14) == 8
+
+    def choose(left: float, todo) -> int:
+        return CellCosts(Deadline(time.monotonic() + left), cells, todo, rounds, shallow[0], layers).parallel_for_deadline(8)
+
+    assert choose(400, cells) == 4
+    assert choose(400, shallow[:2]) == 4  # 2 cells either way: the more per hour
+    assert choose(6000, cells) == 8  # every cell fits at 8 and at 4: the more per hour
+    assert choose(60, cells) == 8  # nothing fits anywhere
+    assert choose(-5, cells) == 8  # the probe ended past the deadline
+    # deep cells expect 3x: in 400 s at 1 at once, 3 shallow cells (124 s each) and no deep one
+    costs = CellCosts(Deadline(time.monotonic() + 400), cells, cells, rounds, shallow[0], layers)
+    assert costs.finished(1, 400) == 3 and costs.finished(4, 400) == 4 and costs.finished(8, 400) == 0
 
 
-def test_under_a_deadline_each_cell_expects_its_layers_share_and_the_cheapest_run_first(monkeypatch):
-    """A time per cell measured on one cell (the median record's, else the probe's) is scaled
-    by each cell's layers over that cell's, so an 18+18 cell expects 3x a 6+6 one; the pool
-    then runs the cheapest first (seed-major among equals), and a preset's minutes, one figure
-    for every cell, stay one figure."""
+def test_under_a_deadline_the_cheapest_cells_run_first(monkeypatch):
+    """With per-cell times the pool runs the cheapest cells first (seed-major among equals), so a
+    session cut short ends with the most records; with one figure for every cell, the plan's order."""
     from runner.tables import pool
     from runner.tables.pool import Deadline, run_cells
-    from runner.tables.real_tier import model_layers, with_layer_costs
+    from runner.tables.real_tier import CellCosts
 
-    cells = suite.plan("reproduce_table2_gpu")  # method-major, 18+18 before 6+6 within a method
-    assert compose(cells[0].overrides).model.num_encoder_layers == 18
-    shallow = next(c for c in cells if c.arm["model.layers"] == "6")
-    shallow.record = {"wall_s": 265.0}
-    todo = [c for c in cells if c.record is None]
-
-    def layers(c):
-        return model_layers(compose(c.overrides))
-
-    costed = with_layer_costs(Deadline(at=1e9, cell_s=265.0), cells, todo, None, layers)
-    assert {c.arm["model.layers"]: costed.expected_s(c.name) for c in todo} == {"6": 265.0, "18": 265.0 * 3}
-    assert costed.cell_s == 265.0 and len(costed.per_cell) == len(todo) == 27
-    # no record: the probe's cell is the reference; neither: the preset's one figure
-    probed = next(c for c in todo if c.arm["model.layers"] == "18")
-    shallow.record = None
-    by_probe = with_layer_costs(Deadline(at=1e9, cell_s=900.0), cells, cells, probed, layers)
-    assert {by_probe.expected_s(c.name) for c in cells} == {300.0, 900.0}
-    preset = Deadline(at=1e9, cell_s=300.0)
-    assert with_layer_costs(preset, cells, cells, None, layers) is preset
-
+    cells, layers = _table2_gpu_cells()
+    shallow = next(c for c in cells if layers(c) == 12)
+    costed = CellCosts(Deadline(at=1e9, cell_s=300.0), cells, cells, [_probe_run(1, 0.01)], shallow, layers).deadline(1)
     order = []
     monkeypatch.setattr(pool, "run_jobs", lambda jobs, *a, **k: order.extend(j.cell for j in jobs))
-    run_cells(cells, Path("unused"), None, 1, compose=compose, deadline=by_probe)
-    assert [c.arm["model.layers"] for c in order] == ["6"] * 14 + ["18"] * 14
+    run_cells(cells, Path("unused"), None, 1, compose=compose, deadline=costed)
+    assert [layers(c) for c in order] == [12] * 14 + [36] * 14
     assert [c.seed for c in order[:14]] == [1] * 7 + [2] * 7  # seed-major among the shallow cells
     order.clear()
-    run_cells(cells, Path("unused"), None, 1, compose=compose, deadline=preset)
-    assert order[0].arm["model.layers"] == "18"  # one figure for every cell: the plan's order
+    run_cells(cells, Path("unused"), None, 1, compose=compose, deadline=Deadline(at=1e9, cell_s=300.0))
+    assert layers(order[0]) == 36  # one figure for every cell: the plan's order
 
 
 @pytest.mark.slow
