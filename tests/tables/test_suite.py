@@ -650,12 +650,16 @@ def test_the_probe_reads_the_steady_rate_from_the_second_half_of_its_updates():
 
 
 def _table2_gpu_cells():
-    """table2's GPU cells (method-major: 18+18 before 6+6 within a method) and their layers."""
+    """table2's GPU cells (method-major: 18+18 before 6+6 within a method) and their layers (both
+    stacks: model_layers of the composed config, checked on one cell of each depth; the rest read
+    from the arm, as composing all 28 costs seconds)."""
     from runner.tables.real_tier import model_layers
 
     cells = suite.plan("reproduce_table2_gpu")
-    layers = {c.name: model_layers(compose(c.overrides)) for c in cells}
-    return cells, lambda c: layers[c.name]
+    for depth in ("6", "18"):
+        cell = next(c for c in cells if c.arm["model.layers"] == depth)
+        assert model_layers(compose(cell.overrides)) == 2 * int(depth)
+    return cells, lambda c: 2 * int(c.arm["model.layers"])
 
 
 def _probe_run(n: int, spu: float, start: float = 24.0, updates: int = 6000):
