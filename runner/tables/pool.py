@@ -282,17 +282,18 @@ class _Pool:
         deadline = self.deadline
         while self.queue or self.running:
             while self.queue and len(self.running) < self.parallel:
-                if deadline is not None and not deadline.fits(self.queue[0].cell.name):
-                    # the queue runs cheapest first (run_cells): when its head does not fit, none does
+                fitting = 0 if deadline is None else next(
+                    (i for i, job in enumerate(self.queue) if deadline.fits(job.cell.name)), None)
+                if fitting is None:  # time stays the same or shrinks: what does not fit now never will
                     outcome.not_started = len(self.queue)
+                    cheapest = min(deadline.expected_s(job.cell.name) for job in self.queue)
                     console.print(f"deadline: {outcome.not_started} cell(s) not started, "
                                   f"{format_duration(max(0.0, deadline.left()))} left and ~"
-                                  f"{format_duration(deadline.expected_s(self.queue[0].cell.name))} "
-                                  "for the next cell")
+                                  f"{format_duration(cheapest)} for the cheapest")
                     self.queue.clear()
                     progress.update(task, total=ended + len(self.running))
                     break
-                self._start(self.queue.pop(0))
+                self._start(self.queue.pop(fitting))
                 progress.update(task, now=self._now())
             if deadline is not None and self.running and deadline.left() <= 0:
                 outcome.stopped = len(self.running)

@@ -558,6 +558,12 @@ def test_a_deadline_starts_no_cell_that_would_end_after_it_and_stops_the_running
     late = run_jobs(jobs, parallel=1, compose=compose, deadline=Deadline(time.monotonic() + 600, cell_s=3600))
     assert (late.not_started, late.trained, late.stopped, late.crashed) == (2, 0, 0, 0)
     assert not (tmp_path / "work").exists() and not records.by_key
+    # per-cell times: an expensive cell ahead in the queue does not hold back a cheaper one that fits
+    costed = Deadline(time.monotonic() + 600, cell_s=1.0, per_cell={cells[0].name: 3600.0})
+    mixed = run_jobs(jobs, parallel=1, compose=compose, deadline=costed)
+    assert (mixed.not_started, mixed.trained, mixed.crashed) == (1, 1, 0)
+    assert list(records.by_key) == [cell_key(cells[1].key)]
+    records = Records.load(tmp_path / "records2")
     # no estimate: the first cell starts and is stopped at the deadline, the second never starts
     jobs = [Job(c, tmp_path / "work", records) for c in suite.plan("reproduce_table2_real", [
         *SHRINK, "trainer.max_updates=100000"])[:2]]
