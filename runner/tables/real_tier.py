@@ -79,7 +79,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
         return path
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
-    deadline = cell_deadline(request, [c.record for c in cells if c.record], minutes, start)
+    deadline = cell_deadline(request, median_timed(cells), minutes, start)
     rounds: list[pool.ProbeRun] = []
     layers: dict[str, int] = {}  # each cell's layers, composed once, for the costs below
 
@@ -151,16 +151,22 @@ def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
     return parallel, rounds
 
 
-def cell_deadline(request: Request, records: Sequence[dict], minutes: float,
+def median_timed(cells: Sequence[suite.SuiteCell]) -> Optional[suite.SuiteCell]:
+    """The cell whose record has the median wall time (the upper one of an even count), None
+    when no record has one: the one cell a suite's measured time per cell comes from."""
+    timed = sorted((c for c in cells if c.record and c.record.get("wall_s")), key=lambda c: c.record["wall_s"])
+    return timed[len(timed) // 2] if timed else None
+
+
+def cell_deadline(request: Request, reference: Optional[suite.SuiteCell], minutes: float,
                   start: Optional[float] = None) -> Optional[pool.Deadline]:
-    """The pool's deadline for `--deadline`: the seconds a cell is expected to take are the median
-    wall time of the suite's records (measured on the machine that trained them), else the
-    preset's minutes per cell, else unknown."""
+    """The pool's deadline for `--deadline`: the seconds a cell is expected to take are the wall
+    time of the `reference` cell's record (median_timed; measured on the machine that trained
+    it), else the preset's minutes per cell, else unknown."""
     if request.deadline_s is None:
         return None
     start = time.monotonic() if start is None else start
-    walls = sorted(r["wall_s"] for r in records if r.get("wall_s"))
-    cell_s = walls[len(walls) // 2] if walls else (minutes * 60 if minutes else None)
+    cell_s = reference.record["wall_s"] if reference is not None else (minutes * 60 if minutes else None)
     return pool.Deadline(start + request.deadline_s, cell_s)
 
 
@@ -181,7 +187,7 @@ class CellCosts:
 
     Two measurements can give it, each taken on one cell and scaled to every other cell by its
     layers over that cell's (an 18+18 cell expects 3x a 6+6 one):
-    - the suite's records: the median record's wall time (cell_deadline takes the same), times the
+    - the suite's records: the median record's wall time (median_timed, as cell_deadline), times the
       probe's slowdown at `parallel` (its seconds per update there over alone; 1 without a probe),
       a record being taken as trained alone;
     - the probe: its projection for the probed cell at `parallel`, its start-up plus the cell's
@@ -192,9 +198,8 @@ class CellCosts:
     def __init__(self, deadline: pool.Deadline, cells: Sequence[suite.SuiteCell],
                  todo: Sequence[suite.SuiteCell], rounds: Sequence[pool.ProbeRun],
                  probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int]):
-        timed = sorted((c for c in cells if c.record and c.record.get("wall_s")), key=lambda c: c.record["wall_s"])
         self.base, self.todo, self.layers = deadline, list(todo), cell_layers
-        self.reference = timed[len(timed) // 2] if timed else None
+        self.reference = median_timed(cells)
         self.rounds = {r.parallel: r for r in rounds}
         self.probed = probed if rounds else None
 
@@ -305,7 +310,7 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
             refresh_all_schemes()
         return path
 
-    deadline = cell_deadline(request, [], 0.0)
+    deadline = cell_deadline(request, None, 0.0)
     if deadline is not None:  # suites differ in cost: each preset's minutes are not one figure
         print("deepinit reproduce all: --deadline stops the running cells at it, and starts a cell "
               "only while time is left (run one target for a per-cell estimate)")
