@@ -17,8 +17,6 @@ import unicodedata
 from importlib.metadata import version
 from typing import Iterable
 
-from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
-
 # data.tokenize values: none (the text is used as it is) | moses (punctuation normalization and
 # the Moses tokenizer, language by language, before the BPE).
 TOKENIZERS = ("none", "moses")
@@ -33,6 +31,8 @@ def moses_tokenize(lines: Iterable[str], lang: str, aggressive_dash_splits: bool
     """tokenizer.perl -l LANG: XML-escaped output (&apos; &quot; ...), no aggressive hyphen
     splitting unless `aggressive_dash_splits` (tokenizer.perl -a: `well-known` becomes
     `well @-@ known`); whitespace-only lines pass through unchanged as in the perl script."""
+    from sacremoses import MosesTokenizer  # here, not at the top: importing it costs 0.3 s
+
     tok = MosesTokenizer(lang=lang)
     return [line if not line.strip() else tok.tokenize(line, aggressive_dash_splits=aggressive_dash_splits,
                                                        escape=True, return_str=True)
@@ -41,6 +41,8 @@ def moses_tokenize(lines: Iterable[str], lang: str, aggressive_dash_splits: bool
 
 def moses_normalize(lines: Iterable[str], lang: str) -> list[str]:
     """normalize-punctuation.perl -l LANG (quotes, dashes, spaces around punctuation)."""
+    from sacremoses import MosesPunctNormalizer
+
     norm = MosesPunctNormalizer(lang=lang)
     return [norm.normalize(line) for line in lines]
 
@@ -63,5 +65,7 @@ def tokenize_raw(lines: Iterable[str], lang: str) -> list[str]:
 def detokenize(lines: Iterable[str], lang: str) -> list[str]:
     """detokenizer.perl -l LANG on each line, XML entities unescaped. Moses detokenization is
     not an exact inverse: a few spacings are guessed (docs/data.md)."""
+    from sacremoses import MosesDetokenizer
+
     detok = MosesDetokenizer(lang=lang)
     return [detok.detokenize(line.split(), unescape=True) for line in lines]
