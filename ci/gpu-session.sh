@@ -54,6 +54,19 @@ if [ -f .whl/device-env.sh ]; then . .whl/device-env.sh; fi
 if [ -f .whl/COMMIT ]; then export DEEPINIT_GIT_COMMIT=$(cat .whl/COMMIT); fi
 export DEEPINIT_DATA_ROOT=${DEEPINIT_DATA_ROOT:-$PWD/.gpudata}
 export COLUMNS=${COLUMNS:-160}  # rich tables in the logs at full width
+
+# A GPU tier's records into $OUT: results/<target>/gpu as $OUT/<target>-gpu, and those of
+# overrides that change the preset's cells (a variant, kept beside the run folders) as
+# $OUT/<target>-gpu-variant.
+copy_records() {
+  local records="${DEEPINIT_RESULTS:-results}/$1/gpu" variant="${RUNS:-outputs/reproduce}/$1-gpu"
+  if [ -d "$records" ]; then cp -r "$records" "$out/$1-gpu"; fi
+  if [ -f "$variant/records.jsonl" ]; then
+    mkdir -p "$out/$1-gpu-variant"
+    cp "$variant"/records.jsonl "$variant"/report.md "$out/$1-gpu-variant/"
+    cp "$variant"/*.png "$out/$1-gpu-variant/" 2>/dev/null || true
+  fi
+}
 python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3)}
 # the commit, and how many tracked files differ from it: a copied checkout may carry an older .git
 { date -u +"%Y-%m-%dT%H:%M:%SZ"; git rev-parse HEAD 2>/dev/null || true
@@ -95,15 +108,7 @@ case "$step" in
     timeout -k 15 -s INT "$limit" "$python" -m runner.cli reproduce "$target" --scale gpu \
       --parallel "${PARALLEL:-1}" --out "${RUNS:-outputs/reproduce}" --deadline "$(( limit > 60 ? limit - 30 : limit ))" \
       "$@" 2>&1 | tee "$out/$target.log" || rc=$?
-    records="${DEEPINIT_RESULTS:-results}/$target/gpu"
-    if [ -d "$records" ]; then cp -r "$records" "$out/$target-gpu"; fi
-    # overrides that change the preset's cells (a variant) keep its records beside the run folders
-    variant="${RUNS:-outputs/reproduce}/$target-gpu"
-    if [ -f "$variant/records.jsonl" ]; then
-      mkdir -p "$out/$target-gpu-variant"
-      cp "$variant"/records.jsonl "$variant"/report.md "$out/$target-gpu-variant/"
-      cp "$variant"/*.png "$out/$target-gpu-variant/" 2>/dev/null || true
-    fi
+    copy_records "$target"
     exit "$rc"
     ;;
   call)
@@ -128,6 +133,9 @@ case "$step" in
     timeout -k 15 -s INT "$left" "$python" -m runner.cli reproduce "$target" --scale gpu \
       --parallel "${PARALLEL:-auto}" --out "${RUNS:-outputs/reproduce}" --deadline "$(( left - 30 ))" \
       --bundle "$out/$target-gpu.tgz" "$@" 2>&1 | tee "$out/$target.log" || rc=$?
+    # the records also as files of their own: a pool stopped by the limit before it packed its
+    # bundle still hands back every cell it recorded
+    copy_records "$target"
     exit "$rc"
     ;;
   *)

@@ -151,10 +151,18 @@ def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
     return parallel, rounds
 
 
+# What a record's wall_s (the training loop's time) leaves out: the process's start, data loading
+# and the final decoding. About 15 s for a 6+6 cell on an H200 (its log against its record's
+# 265 s, results/performance/gpu-h200-2026-11-28); twice that, as a margin.
+RECORD_UNTIMED_S = 30.0
+
+
 def median_timed(cells: Sequence[suite.SuiteCell]) -> Optional[suite.SuiteCell]:
-    """The cell whose record has the median wall time (the upper one of an even count), None
-    when no record has one: the one cell a suite's measured time per cell comes from."""
-    timed = sorted((c for c in cells if c.record and c.record.get("wall_s")), key=lambda c: c.record["wall_s"])
+    """The cell whose record has the median wall time (the upper one of an even count) among the
+    records of cells that ran their whole budget (status ok: a diverged cell stops early), None
+    when there is none: the one cell a suite's measured time per cell comes from."""
+    timed = sorted((c for c in cells if c.record and c.record.get("status") == OK and c.record.get("wall_s")),
+                   key=lambda c: c.record["wall_s"])
     return timed[len(timed) // 2] if timed else None
 
 
@@ -162,11 +170,12 @@ def cell_deadline(request: Request, reference: Optional[suite.SuiteCell], minute
                   start: Optional[float] = None) -> Optional[pool.Deadline]:
     """The pool's deadline for `--deadline`: the seconds a cell is expected to take are the wall
     time of the `reference` cell's record (median_timed; measured on the machine that trained
-    it), else the preset's minutes per cell, else unknown."""
+    it) plus RECORD_UNTIMED_S, else the preset's minutes per cell, else unknown."""
     if request.deadline_s is None:
         return None
     start = time.monotonic() if start is None else start
-    cell_s = reference.record["wall_s"] if reference is not None else (minutes * 60 if minutes else None)
+    cell_s = (reference.record["wall_s"] + RECORD_UNTIMED_S if reference is not None
+              else (minutes * 60 if minutes else None))
     return pool.Deadline(start + request.deadline_s, cell_s)
 
 
@@ -187,13 +196,16 @@ class CellCosts:
 
     Two measurements can give it, each taken on one cell and scaled to every other cell by its
     layers over that cell's (an 18+18 cell expects 3x a 6+6 one):
-    - the suite's records: the median record's wall time (median_timed, as cell_deadline), times the
-      probe's slowdown at `parallel` (its seconds per update there over alone; 1 without a probe),
-      a record being taken as trained alone;
-    - the probe: its projection for the probed cell at `parallel`, its start-up plus the cell's
-      updates at the steady seconds per update, plus PROBE_UNTIMED_S.
-    A cell expects the larger of the two where both exist. With neither (the preset's minutes per
-    cell, one figure for every cell), the deadline stays as it is."""
+    - the suite's records: the median record's wall time (median_timed) plus RECORD_UNTIMED_S, as
+      cell_deadline, times the probe's slowdown at `parallel` (its seconds per update there over
+      alone, both read in the same window of updates; 1 without a probe), a record being taken as
+      trained alone;
+    - without a record, the probe: its projection for the probed cell at `parallel`, its start-up
+      plus the cell's updates at the steady seconds per update, plus PROBE_UNTIMED_S.
+    A record wins where both exist: it timed a whole cell, where the probe's short rounds read a
+    GPU still warming up (on an H200, 85 ms per update over updates 100-200 of a 6+6 cell against
+    34-41 ms after update 500), which projects twice the cell's time. With neither (the preset's
+    minutes per cell, one figure for every cell), the deadline stays as it is."""
 
     def __init__(self, deadline: pool.Deadline, cells: Sequence[suite.SuiteCell],
                  todo: Sequence[suite.SuiteCell], rounds: Sequence[pool.ProbeRun],
@@ -205,15 +217,14 @@ class CellCosts:
 
     def seconds(self, cell: suite.SuiteCell, parallel: int) -> Optional[float]:
         size = max(1, self.layers(cell))
-        estimates = []
         chosen, alone = self.rounds.get(parallel), self.rounds.get(1)
         if self.reference is not None and self.base.cell_s is not None:
             slowdown = chosen.seconds_per_update / alone.seconds_per_update if chosen and alone else 1.0
-            estimates.append(self.base.cell_s * max(1.0, slowdown) * size / max(1, self.layers(self.reference)))
+            return self.base.cell_s * max(1.0, slowdown) * size / max(1, self.layers(self.reference))
         if chosen is not None and self.probed is not None:
             projected = 3600.0 * parallel / chosen.cells_per_hour + PROBE_UNTIMED_S
-            estimates.append(projected * size / max(1, self.layers(self.probed)))
-        return max(estimates) if estimates else None
+            return projected * size / max(1, self.layers(self.probed))
+        return None
 
     def deadline(self, parallel: int) -> pool.Deadline:
         """The deadline with each cell's own expected seconds at `parallel` at once (`cell_s`: the

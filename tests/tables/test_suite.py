@@ -675,9 +675,9 @@ def _probe_run(n: int, spu: float, start: float = 24.0, updates: int = 6000):
 
 
 def test_each_cell_expects_its_own_time_from_records_and_probe_scaled_by_its_layers():
-    """A cell's expected time: the median record's wall time times the probe's slowdown, and the
-    probe's projection for its cell, each scaled by the cell's layers over its own cell's, the
-    larger of the two; the preset's minutes (neither) stay one figure for every cell."""
+    """A cell's expected time: the median record's wall time times the probe's slowdown, or
+    without a record the probe's projection for its cell, each scaled by the cell's layers over
+    its own cell's; the preset's minutes (neither) stay one figure for every cell."""
     from runner.tables.pool import Deadline
     from runner.tables.real_tier import PROBE_UNTIMED_S, CellCosts
 
@@ -696,23 +696,55 @@ def test_each_cell_expects_its_own_time_from_records_and_probe_scaled_by_its_lay
     assert by_probe.seconds(shallow[1], 1) == pytest.approx(24 + 60 + PROBE_UNTIMED_S)
 
     # a 6+6 record of 265 s (alone): at 4 at once 2.5x slower, 662.5 s, more than the projection
-    shallow[0].record = {"wall_s": 265.0}
+    shallow[0].record = {"status": "ok", "wall_s": 265.0}
     try:
         todo = [c for c in cells if c.record is None]
         both = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, rounds, shallow[1], layers)
         assert both.seconds(shallow[1], 4) == pytest.approx(265 * 2.5)
         assert both.seconds(deep[0], 4) == pytest.approx(3 * 265 * 2.5)
-        # the probe of a deep cell (projection for 36 layers) is brought to each cell's layers
-        deep_probe = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, [_probe_run(1, 0.030)], deep[0], layers)
+        # without a record, the probe of a deep cell (projection for 36 layers) is brought to
+        # each cell's layers
+        deep_probe = CellCosts(Deadline(at=1e9), todo, todo, [_probe_run(1, 0.030)], deep[0], layers)
         deep_projected = 24 + 6000 * 0.030 + PROBE_UNTIMED_S
-        assert deep_probe.seconds(deep[1], 1) == pytest.approx(max(3 * 265, deep_projected))
-        assert deep_probe.seconds(shallow[1], 1) == pytest.approx(max(265, deep_projected / 3))
+        assert deep_probe.seconds(deep[1], 1) == pytest.approx(deep_projected)
+        assert deep_probe.seconds(shallow[1], 1) == pytest.approx(deep_projected / 3)
         costed = both.deadline(4)
         assert len(costed.per_cell) == 27 and costed.cell_s == pytest.approx(265 * 2.5)
         records_only = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, [], None, layers)
         assert records_only.seconds(deep[0], 1) == pytest.approx(3 * 265)
+        # a record wins over a probe that projects more (one read while the GPU warmed up: 85 ms
+        # per update, 594 s for the 6+6 cell the record timed at 265 s)
+        warming = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, [_probe_run(1, 0.085)], shallow[1], layers)
+        assert warming.seconds(shallow[1], 1) == pytest.approx(265)
+        assert warming.seconds(deep[0], 1) == pytest.approx(3 * 265)
     finally:
         shallow[0].record = None
+
+
+def test_the_time_per_cell_comes_from_whole_records_plus_what_wall_s_leaves_out():
+    """median_timed reads only records of cells that ran their whole budget (a diverged cell's
+    short wall time is no cell's time), and the deadline adds what a record's wall_s does not
+    time (start-up, data, the final decoding)."""
+    from runner.tables.plan import Request
+    from runner.tables.real_tier import RECORD_UNTIMED_S, cell_deadline, median_timed
+
+    cells, _ = _table2_gpu_cells()
+    first, second, third = cells[:3]
+    try:
+        first.record = {"status": "ok", "wall_s": 265.0}
+        second.record = {"status": "diverged", "wall_s": 12.0}
+        third.record = {"status": "ok", "wall_s": 300.0}
+        assert median_timed(cells) is third  # the upper of two whole records; not the diverged one
+        third.record = None
+        assert median_timed(cells) is first
+        request = Request("table2", deadline_s=500.0)
+        assert cell_deadline(request, first, 5.0, start=0.0).cell_s == pytest.approx(265.0 + RECORD_UNTIMED_S)
+        assert cell_deadline(request, None, 5.0, start=0.0).cell_s == pytest.approx(300.0)  # the preset's
+        second.record, first.record = None, None
+        assert median_timed(cells) is None
+    finally:
+        for cell in (first, second, third):
+            cell.record = None
 
 
 def test_with_a_deadline_the_count_at_once_is_the_one_that_finishes_the_most_cells():
@@ -784,6 +816,10 @@ def test_the_prepared_gpu_call_rehearsed_on_cpu_returns_one_bundle(tmp_path):
         tests_log = tar.extractfile("./cuda-tests.log").read().decode()
         inner = tarfile.open(fileobj=tar.extractfile("./tfixup-depth-gpu.tgz"))
         summary = json.load(inner.extractfile("summary.json"))
+        # the records also outside the suite's own bundle (one the limit cut short is not packed);
+        # the test's overrides make a variant, whose records stay beside its run folders
+        copied = tar.extractfile("./tfixup-depth-gpu-variant/records.jsonl").read().decode().splitlines()
+    assert len(copied) == 1 and json.loads(copied[0])["wall_s"] > 0  # the one cell trained
     assert "./cuda-tests.xml" in names and "skipped" in tests_log  # no GPU here
     assert "(real data, GPU)" in log and "deadline" not in log.split("estimated wall time")[1]  # it fit
     assert summary["tier"] == "gpu" and summary["trained"] == 1 and summary["parallel"] == 1
