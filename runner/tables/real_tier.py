@@ -144,7 +144,7 @@ def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
     # (None: warmup=auto, which the run resolves from its init scheme).
     fit = (f"warmup.updates={updates // 2}",) if (cfg.warmup.updates or 0) >= updates else ()
     print(f"probe: {updates} updates of {cell.label}, {', '.join(map(str, candidates))} at once")
-    parallel, rounds = pool.probe_parallel(cell, work.parent / f"{work.name}-probe", candidates,
+    parallel, rounds = pool.probe_parallel(cell, probe_dir(work), candidates,
                                            updates, full, compose=compose, extra=fit, budget_s=budget_s)
     print(f"probe: {parallel} cell(s) at once ({rounds[[r.parallel for r in rounds].index(parallel)].line()})"
           if rounds else "probe: no round finished; 1 cell at a time")
@@ -155,6 +155,11 @@ def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
 # and the final decoding. About 15 s for a 6+6 cell on an H200 (its log against its record's
 # 265 s, results/performance/gpu-h200-2026-11-28); twice that, as a margin.
 RECORD_UNTIMED_S = 30.0
+
+
+def probe_dir(work: Path) -> Path:
+    """The probe's scratch folder, beside the suite's run folders: x<N>/copy<i>/ per round."""
+    return work.parent / f"{work.name}-probe"
 
 
 def median_timed(cells: Sequence[suite.SuiteCell]) -> Optional[suite.SuiteCell]:
@@ -269,24 +274,34 @@ class CellCosts:
 def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path:
     """One .tgz of what a machine that hands back a few files needs to return: the suite's
     records, report and plots (`results`), each cell's log (`work`/*.out and its run folder's
-    train.log and result.json; no checkpoints) and `summary` as summary.json."""
+    train.log and result.json; no checkpoints), the same of the probe's copies (probe_dir, under
+    logs/probe/) and `summary` as summary.json."""
     bundle = bundle.resolve()
     bundle.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(bundle) as tmp, tarfile.open(tmp, "w:gz") as tar:  # a bundle is whole or absent
         for f in sorted(results.glob("*")):
             if f.is_file() and f.suffix in (".jsonl", ".md", ".png", ".json"):
                 tar.add(f, arcname=f"results/{f.name}")
-        for f in sorted(work.glob("*.out")):
-            tar.add(f, arcname=f"logs/{f.name}")
-            for name in ("train.log", "result.json"):
-                run_file = work / f.stem / name
-                if run_file.is_file():
-                    tar.add(run_file, arcname=f"logs/{f.stem}/{name}")
+        _add_cell_logs(tar, work, sorted(work.glob("*.out")), "logs")
+        probes = probe_dir(work)
+        _add_cell_logs(tar, probes, sorted(probes.glob("x*/copy*/*.out")), "logs/probe")
         data = json.dumps(summary, indent=1).encode()
         info = tarfile.TarInfo("summary.json")
         info.size, info.mtime = len(data), int(time.time())
         tar.addfile(info, io.BytesIO(data))
     return bundle
+
+
+def _add_cell_logs(tar: tarfile.TarFile, root: Path, outs: Sequence[Path], prefix: str) -> None:
+    """Each cell's .out file and its run folder's train.log and result.json, under `prefix` at
+    their paths below `root`."""
+    for out in outs:
+        rel = out.relative_to(root)
+        tar.add(out, arcname=f"{prefix}/{rel}")
+        for name in ("train.log", "result.json"):
+            run_file = out.parent / out.stem / name
+            if run_file.is_file():
+                tar.add(run_file, arcname=f"{prefix}/{rel.parent / out.stem / name}")
 
 
 def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Config]] = None) -> int:

@@ -611,6 +611,10 @@ def test_parallel_auto_probes_1_and_2_at_once_and_takes_the_faster(tmp_path, mon
         summary = json.load(tar.extractfile("summary.json"))
     assert "results/report.md" in names and "summary.json" in names
     assert not any(n.endswith(".pt") for n in names)  # no checkpoints
+    # the probe's copies' logs come back too (a failed probe says why there)
+    for n in (1, 2):
+        assert sum(name.startswith(f"logs/probe/x{n}/copy") and name.endswith(".out") for name in names) == n
+        assert sum(name.startswith(f"logs/probe/x{n}/copy") and name.endswith("/train.log") for name in names) == n
     assert summary["deadline_s"] == 60
     assert (summary["not_started"], summary["stopped"], summary["trained"]) == (1, 0, 0)
     rounds = summary["probe"]
