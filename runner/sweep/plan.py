@@ -50,8 +50,10 @@ def parse_overrides(lines: Sequence[str]) -> list[ParsedOverride]:
 
 # Overrides that do not change a run's result (conf/train.yaml keeps them out of folder names):
 # a cell run with other values of these is the same cell.
+# trainer.compile as trainer.device: torch.compile fuses kernels, the same computation up to
+# floating-point rounding (tests/test_cuda.py checks compiled against eager on a GPU)
 _NOT_A_RESULT = ("hydra", "trainer.progress", "trainer.device", "trainer.threads", "trainer.resume",
-                 "trainer.tensorboard", "logger")
+                 "trainer.tensorboard", "logger", "trainer.compile")
 
 
 def run_only(overrides: Sequence[str]) -> list[str]:

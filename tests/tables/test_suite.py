@@ -49,6 +49,11 @@ def test_part_of_a_suite_keeps_the_whole_arm_the_seed_and_the_exclusions():
         ({"method": "post_ln", "model.layers": "6", "warmup.updates": "0"}, 2)]
     assert all(full[(tuple(c.arm.items()), c.seed)] == c.key for c in part)  # same identity
     assert suite.plan("reproduce_table2_gpu", ["method=tfixup", "warmup.updates=1000"]) == []
+    # how a cell runs (device, compiled or not) reaches its command but not its identity
+    compiled = suite.plan("reproduce_table2_gpu", ["trainer.compile=true", "trainer.device=cpu"])
+    assert [full[(tuple(c.arm.items()), c.seed)] for c in compiled] == [c.key for c in compiled]
+    assert len(compiled) == 28 and all(c.overrides[-2:] == ["trainer.compile=true", "trainer.device=cpu"]
+                                       for c in compiled)
     # the prefixes Hydra reads alike give the same cells (the preset's own spelling)
     for spelled in (["++model.layers=6", "+trainer.seed=2"], ["model.layers=6", "++trainer.seed=2"]):
         respelled = suite.plan("reproduce_table2_gpu", spelled)
