@@ -7,21 +7,26 @@
 #                                                             eager and compiled, beside plain PyTorch
 #   bash ci/gpu-session.sh table2 [SECONDS] [overrides]       reproduce table2 --scale gpu
 #   bash ci/gpu-session.sh depth  [SECONDS] [overrides]       reproduce tfixup-depth --scale gpu
-#   bash ci/gpu-session.sh call   [SECONDS] [overrides]       the prepared call of a lent GPU: the
-#                                                             CUDA tests without a passing GPU run
-#                                                             (TESTS_LIMIT s, default 150; 0: none), then the
-#                                                             GPU tier's pool (TARGET, default table2;
-#                                                             --parallel auto) until 30 s before SECONDS;
-#                                                             with BUNDLE=call, one file comes back
+#   bash ci/gpu-session.sh call   [SECONDS] [overrides]       the prepared call of a lent GPU: a few
+#                                                             CUDA tests (TESTS_K; TESTS_LIMIT s,
+#                                                             default 150; 0: none), then the GPU
+#                                                             tier's pool (TARGET, default table2;
+#                                                             SCALE=real: a real-tier suite, with
+#                                                             trainer.device=cuda; --parallel auto)
+#                                                             until 30 s before SECONDS; with
+#                                                             BUNDLE=call, one file comes back
 #
 # SECONDS (default 540) bounds the step: at the limit the step gets SIGINT (SIGKILL 15 s later), so a reproduce step
 # stops its cells with a checkpoint and the same command resumes them. A reproduce step also gives
 # its pool a deadline 30 s inside the limit (`deepinit reproduce --deadline`): no cell starts that
 # is not expected to finish by then. The reproduce steps keep
-# their records in results/<target>/gpu/ of this checkout (a variant's, made by overrides that
-# change the preset's cells, beside its run folders in $RUNS/<target>-gpu/) and copy them to $OUT.
+# their records in results/<target>/gpu/ of this checkout (the call step's with SCALE=real in
+# results/<target>/real/; a variant's, made by overrides that change the preset's cells, beside
+# its run folders in $RUNS/<target>-<tier>/) and copy them to $OUT.
 # Environment:
-#   PARALLEL=N            cells sharing the GPU in the reproduce steps (default 1)
+#   PARALLEL=N            cells sharing the GPU in the reproduce steps (default 1; call: auto)
+#   TARGET, SCALE         the call step's suite (default table2) and tier (gpu, the default, or
+#                         real: a CPU tier's suite trained on the GPU, given trainer.device=cuda)
 #   PRESETS, REPS         the bench step's entries, one call and one JSON each (default "base
 #                         small big base-18 depth"; depth: the depth-scaling entries alone, eager)
 #                         and alternating runs per side (default 3)
@@ -55,16 +60,17 @@ if [ -f .whl/COMMIT ]; then export DEEPINIT_GIT_COMMIT=$(cat .whl/COMMIT); fi
 export DEEPINIT_DATA_ROOT=${DEEPINIT_DATA_ROOT:-$PWD/.gpudata}
 export COLUMNS=${COLUMNS:-160}  # rich tables in the logs at full width
 
-# A GPU tier's records into $OUT: results/<target>/gpu as $OUT/<target>-gpu, and those of
-# overrides that change the preset's cells (a variant, kept beside the run folders) as
-# $OUT/<target>-gpu-variant.
+# A tier's records into $OUT ($1 the target, $2 the tier, default gpu): results/<target>/<tier>
+# as $OUT/<target>-<tier>, and those of overrides that change the preset's cells (a variant, kept
+# beside the run folders) as $OUT/<target>-<tier>-variant.
 copy_records() {
-  local records="${DEEPINIT_RESULTS:-results}/$1/gpu" variant="${RUNS:-outputs/reproduce}/$1-gpu"
-  if [ -d "$records" ]; then cp -r "$records" "$out/$1-gpu"; fi
+  local tier="${2:-gpu}"
+  local records="${DEEPINIT_RESULTS:-results}/$1/$tier" variant="${RUNS:-outputs/reproduce}/$1-$tier"
+  if [ -d "$records" ]; then cp -r "$records" "$out/$1-$tier"; fi
   if [ -f "$variant/records.jsonl" ]; then
-    mkdir -p "$out/$1-gpu-variant"
-    cp "$variant"/records.jsonl "$variant"/report.md "$out/$1-gpu-variant/"
-    cp "$variant"/*.png "$out/$1-gpu-variant/" 2>/dev/null || true
+    mkdir -p "$out/$1-$tier-variant"
+    cp "$variant"/records.jsonl "$variant"/report.md "$out/$1-$tier-variant/"
+    cp "$variant"/*.png "$out/$1-$tier-variant/" 2>/dev/null || true
   fi
 }
 python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3)}
@@ -112,11 +118,12 @@ case "$step" in
     exit "$rc"
     ;;
   call)
-    # One prepared call (a GPU lent for minutes): first the CUDA tests that have never passed on
-    # a GPU (compile, resume, RAdam on the device, the no-wait checks; TESTS_K), bounded, then the
-    # GPU tier's next cells with the count at once chosen by the probe, each started only when it
-    # will end before the deadline. Rehearsed on CPU by tests/tables/test_suite.py with
-    # trainer.device=cpu and tiny overrides: on a GPU only the device differs.
+    # One prepared call (a GPU lent for minutes): first a few CUDA tests (compile, resume, RAdam on
+    # the device, the no-wait checks; TESTS_K), bounded, then the GPU tier's next cells (SCALE=real:
+    # a real-tier suite's, with trainer.device=cuda among the overrides) with the count at once
+    # chosen by the probe, each started only when it will end before the deadline. Rehearsed on
+    # CPU by tests/tables/test_suite.py with trainer.device=cpu and tiny overrides: on a GPU only
+    # the device differs.
     start=$(date +%s)
     case "${TESTS_LIMIT:-150}" in
       ''|*[!0-9]*) echo "gpu-session: TESTS_LIMIT must be whole seconds, got '${TESTS_LIMIT}'" >&2; exit 2 ;;
@@ -127,15 +134,20 @@ case "$step" in
         2>&1 | tee "$out/cuda-tests.log" || echo "gpu-session: the CUDA tests ended with status $?" | tee -a "$out/cuda-tests.log"
     fi
     target=${TARGET:-table2}
+    scale=${SCALE:-gpu}
+    case "$scale" in
+      gpu|real) ;;
+      *) echo "gpu-session: SCALE must be gpu or real, got '$scale'" >&2; exit 2 ;;
+    esac
     left=$(( limit - ($(date +%s) - start) ))
     if [ "$left" -lt 60 ]; then echo "gpu-session: ${left} s left, no time for the $target pool" | tee "$out/$target.log"; exit 1; fi
     rc=0
-    timeout -k 15 -s INT "$left" "$python" -m runner.cli reproduce "$target" --scale gpu \
+    timeout -k 15 -s INT "$left" "$python" -m runner.cli reproduce "$target" --scale "$scale" \
       --parallel "${PARALLEL:-auto}" --out "${RUNS:-outputs/reproduce}" --deadline "$(( left - 30 ))" \
-      --bundle "$out/$target-gpu.tgz" "$@" 2>&1 | tee "$out/$target.log" || rc=$?
+      --bundle "$out/$target-$scale.tgz" "$@" 2>&1 | tee "$out/$target.log" || rc=$?
     # the records also as files of their own: a pool stopped by the limit before it packed its
     # bundle still hands back every cell it recorded
-    copy_records "$target"
+    copy_records "$target" "$scale"
     exit "$rc"
     ;;
   *)

@@ -79,7 +79,10 @@ def run_real(target: Target, request: Request, tier: str = "real",
         return path
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
-    deadline = cell_deadline(request, median_timed(cells), minutes, start)
+    # where the cells train: a real-tier suite may run on a lent GPU (trainer.device=cuda), a
+    # gpu-tier rehearsal on the CPU; only records from the same kind of device time its cells
+    device = cells_device(compose(todo[0].overrides)) if trains and todo else None
+    deadline = cell_deadline(request, median_timed(cells, device), minutes, start)
     rounds: list[pool.ProbeRun] = []
     layers: dict[str, int] = {}  # each cell's layers, composed once, for the costs below
 
@@ -92,9 +95,9 @@ def run_real(target: Target, request: Request, tier: str = "real",
     if request.probe and trains and todo:
         probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
         budget = deadline.left() * PROBE_BUDGET_SHARE if deadline is not None else None
-        parallel, rounds = probe(probed, work, gpu, compose, budget)
+        parallel, rounds = probe(probed, work, device == "cuda", compose, budget)
     if deadline is not None and trains and todo:
-        costs = CellCosts(deadline, cells, todo, rounds, probed, cell_layers)
+        costs = CellCosts(deadline, cells, todo, rounds, probed, cell_layers, device)
         if rounds:
             parallel = costs.parallel_for_deadline(parallel)
         deadline = costs.deadline(parallel)
@@ -116,26 +119,26 @@ def run_real(target: Target, request: Request, tier: str = "real",
     return 1 if outcome.crashed else 0
 
 
-# The probe (`--parallel auto`): rounds of this many updates, 1, 2, 4 and 8 cells at once (on a
-# CPU, up to its core count). On a CPU a step's time settles within a few updates. On a GPU the
+# The probe (`--parallel auto`): rounds of this many updates, 1, 2, 4, 8 and 16 cells at once, up
+# to the machine's core count (on a GPU each cell's process still needs a core to launch its
+# kernels: a GPU machine lent here has 16). On a CPU a step's time settles within a few updates. On a GPU the
 # first ~100 updates meet new batch shapes and run many times slower (an H200: 45 s for a 6+6
 # cell's first 100, 20 s for the next 400; results/performance/gpu-h200-2026-11-28), so a GPU
 # probe runs past them and reads the steady rate from its second half (pool.steady_seconds_per_update).
 PROBE_UPDATES = 30
 PROBE_UPDATES_CUDA = 200
-PROBE_CANDIDATES = (1, 2, 4, 8)
+PROBE_CANDIDATES = (1, 2, 4, 8, 16)
 # With a deadline, the probe's rounds stop before this share of the time left would be spent on them.
 PROBE_BUDGET_SHARE = 1 / 3
 
 
-def probe(cell: suite.SuiteCell, work: Path, gpu: bool,
+def probe(cell: suite.SuiteCell, work: Path, on_gpu: bool,
           compose: Callable[[list[str]], Config], budget_s: Optional[float] = None) -> tuple[int, list[pool.ProbeRun]]:
     """`--parallel auto`: how many cells at once, from a short probe of `cell` (run_real gives
     the cell to train with the fewest layers; runner/tables/pool.py probe_parallel), in a scratch
-    folder beside the suite's run folders."""
-    cores = os.cpu_count() or 1  # cells on the CPU (the gpu tier rehearsed there too) share its cores
-    on_gpu = gpu and gpu_visible()
-    candidates = PROBE_CANDIDATES if on_gpu else tuple(n for n in PROBE_CANDIDATES if n <= cores)
+    folder beside the suite's run folders. `on_gpu`: the cells train on a GPU (cells_device)."""
+    cores = os.cpu_count() or 1  # one core per cell, on a CPU and, to launch kernels, on a GPU
+    candidates = tuple(n for n in PROBE_CANDIDATES if n <= cores)
     updates = PROBE_UPDATES_CUDA if on_gpu else PROBE_UPDATES
     cfg = compose(cell.overrides)
     full = cfg.trainer.max_updates
@@ -162,11 +165,21 @@ def probe_dir(work: Path) -> Path:
     return work.parent / f"{work.name}-probe"
 
 
-def median_timed(cells: Sequence[suite.SuiteCell]) -> Optional[suite.SuiteCell]:
+def cells_device(cfg: Config) -> str:
+    """Where a cell of this config trains: "cuda" or "cpu" (trainer.device; auto: a GPU when one
+    is visible)."""
+    if cfg.trainer.device == "auto":
+        return "cuda" if gpu_visible() else "cpu"
+    return "cpu" if cfg.trainer.device == "cpu" else "cuda"
+
+
+def median_timed(cells: Sequence[suite.SuiteCell], device: Optional[str] = None) -> Optional[suite.SuiteCell]:
     """The cell whose record has the median wall time (the upper one of an even count) among the
-    records of cells that ran their whole budget (status ok: a diverged cell stops early), None
-    when there is none: the one cell a suite's measured time per cell comes from."""
-    timed = sorted((c for c in cells if c.record and c.record.get("status") == OK and c.record.get("wall_s")),
+    records of cells that ran their whole budget (status ok: a diverged cell stops early) on
+    `device` ("cpu" or "cuda"; None: any), None when there is none: the one cell a suite's
+    measured time per cell comes from (a CPU cell's hour says nothing of a GPU's minutes)."""
+    timed = sorted((c for c in cells if c.record and c.record.get("status") == OK and c.record.get("wall_s")
+                    and (device is None or (c.record.get("machine") or {}).get("device") == device)),
                    key=lambda c: c.record["wall_s"])
     return timed[len(timed) // 2] if timed else None
 
@@ -214,9 +227,10 @@ class CellCosts:
 
     def __init__(self, deadline: pool.Deadline, cells: Sequence[suite.SuiteCell],
                  todo: Sequence[suite.SuiteCell], rounds: Sequence[pool.ProbeRun],
-                 probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int]):
+                 probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int],
+                 device: Optional[str] = None):
         self.base, self.todo, self.layers = deadline, list(todo), cell_layers
-        self.reference = median_timed(cells)
+        self.reference = median_timed(cells, device)
         self.rounds = {r.parallel: r for r in rounds}
         self.probed = probed if rounds else None
 

@@ -751,9 +751,34 @@ def test_the_time_per_cell_comes_from_whole_records_plus_what_wall_s_leaves_out(
         assert cell_deadline(request, None, 5.0, start=0.0).cell_s == pytest.approx(300.0)  # the preset's
         second.record, first.record = None, None
         assert median_timed(cells) is None
+        # a suite trained on a GPU is timed by its GPU records only, and on a CPU by its CPU ones
+        first.record = {"status": "ok", "wall_s": 4000.0, "machine": {"device": "cpu"}}
+        second.record = {"status": "ok", "wall_s": 120.0, "machine": {"device": "cuda"}}
+        assert median_timed(cells, "cuda") is second and median_timed(cells, "cpu") is first
+        assert median_timed(cells) is first  # any device
+        second.record = None
+        assert median_timed(cells, "cuda") is None
     finally:
         for cell in (first, second, third):
             cell.record = None
+
+
+def test_a_cell_trains_on_the_device_its_config_names():
+    """cells_device: trainer.device=cuda on a real-tier suite (a CPU tier trained on a lent GPU)
+    is a GPU's cell, trainer.device=cpu on the gpu tier (its CPU rehearsal) a CPU's; the real
+    presets pin fp32, so on a GPU they train in the CPU's precision, not bf16."""
+    from runner.tables.plan import gpu_visible
+    from runner.tables.real_tier import cells_device
+
+    real = suite.plan("reproduce_width_real")[0]
+    assert cells_device(compose(real.overrides)) == "cpu"
+    on_gpu = compose([*real.overrides, "trainer.device=cuda"])
+    assert cells_device(on_gpu) == "cuda" and on_gpu.trainer.precision == "fp32"
+    assert cells_device(compose([*suite.plan("reproduce_table2_gpu")[0].overrides, "trainer.device=cpu"])) == "cpu"
+    auto = compose([*real.overrides, "trainer.device=auto"])
+    assert cells_device(auto) == ("cuda" if gpu_visible() else "cpu")
+    for preset in ("reproduce_table2_real", "reproduce_lm_real", "reproduce_table2_converged_real"):
+        assert compose(suite.plan(preset)[0].overrides).trainer.precision == "fp32", preset
 
 
 def test_with_a_deadline_the_count_at_once_is_the_one_that_finishes_the_most_cells():
@@ -802,6 +827,27 @@ def test_under_a_deadline_the_cheapest_cells_run_first(monkeypatch):
     order.clear()
     run_cells(cells, Path("unused"), None, 1, compose=compose, deadline=Deadline(at=1e9, cell_s=300.0))
     assert layers(order[0]) == 36  # one figure for every cell: the plan's order
+
+
+def test_the_call_step_takes_a_real_tier_suite_and_refuses_another_scale(tmp_path):
+    """SCALE=real: the call step plans a CPU tier's suite (here --dry-run: it trains nothing) with
+    the same pool, deadline and bundle; a scale other than gpu or real is one line and status 2."""
+    import subprocess
+    import tarfile
+
+    out = tmp_path / "gpu-out"
+    env = {**_gpu_session_env(tmp_path, out), "BUNDLE": "call", "TARGET": "width", "SCALE": "real",
+           "TESTS_LIMIT": "0"}
+    proc = subprocess.run(["bash", "ci/gpu-session.sh", "call", "120", "--dry-run"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with tarfile.open(out / "call.tgz") as tar:
+        log = tar.extractfile("./width.log").read().decode()
+    assert "reproduce-width (real data)" in log and "36 cells" in log
+    env["SCALE"] = "paper"
+    bad = subprocess.run(["bash", "ci/gpu-session.sh", "call", "60"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "gpu-session: SCALE must be gpu or real, got 'paper'"
 
 
 @pytest.mark.slow
