@@ -130,7 +130,7 @@ case "$step" in
     esac
     if [ "${TESTS_LIMIT:-150}" -gt 0 ]; then  # TESTS_LIMIT=0: the whole call for the pool
       timeout -k 15 -s INT "${TESTS_LIMIT:-150}" "$python" -m pytest -m cuda -v -rs tests/test_cuda.py \
-        -k "${TESTS_K:-compile or checkpoint or radam or wait}" -p no:xdist --junitxml "$out/cuda-tests.xml" \
+        -k "${TESTS_K:-lm_trains or compile or checkpoint or radam or wait}" -p no:xdist --junitxml "$out/cuda-tests.xml" \
         2>&1 | tee "$out/cuda-tests.log" || echo "gpu-session: the CUDA tests ended with status $?" | tee -a "$out/cuda-tests.log"
     fi
     target=${TARGET:-table2}

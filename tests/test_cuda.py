@@ -1,5 +1,6 @@
 """The CUDA path on a real GPU: bf16 and fp16 training, the fused optimizer, the SDPA kernels
-actually used, torch.compile, checkpoint and resume, and beam search against the CPU's.
+actually used, torch.compile, checkpoint and resume, beam search against the CPU's, and the
+decoder-only LM against the CPU's losses.
 
 Marked `cuda` and skipped without a GPU, so CI (CPU only) stays green: `pytest -m cuda` on a GPU
 machine runs them (`make test-cuda`). `DEEPINIT_CUDA_TEST_DEVICE=cpu pytest -m cuda
@@ -309,3 +310,42 @@ def test_beam_search_waits_for_the_gpu_once_a_step(beam, monkeypatch):
     # caps there and back, the result lists) do not depend on how many steps ran
     assert long_waits - short_waits == long_steps - short_steps
     assert short_waits <= short_steps + 8
+
+
+# task=lm on the device: a real-tier LM suite may train on a lent GPU (trainer.device=cuda)
+LM_RUN = ["task=lm", "data=text", "data.bpe_merges=100", "model=ci", "model.max_positions=16",
+          "data.block_size=16", "data.batch_size=8", "trainer.max_updates=20", "trainer.log_interval=5",
+          "trainer.valid_interval=10", "trainer.save_interval=10", "warmup.updates=2", "optim.lr=1e-2",
+          "trainer.threads=1", "trainer.progress=false", "trainer.tensorboard=false",
+          "trainer.keep_checkpoints=0"]
+
+
+def lm_losses(tmp: Path, name: str, extra: list[str]) -> tuple[dict, list[float]]:
+    corpus = tmp / "corpus"
+    if not corpus.exists():  # seeded random words: no corpus needs to be carried to the GPU machine
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        words = ["the", "king", "speaks", "and", "queen", "answers", "thou", "art", "night"]
+        corpus.mkdir()
+        (corpus / "a.txt").write_text("".join(" ".join(rng.choice(words, size=8)) + "\n" for _ in range(300)))
+    result = train(compose([*LM_RUN, f"data.dir={corpus}", *extra]), tmp / name)
+    rows = [json.loads(line) for line in (tmp / name / "metrics.jsonl").read_text().splitlines()]
+    return result, [r["loss"] for r in rows if r["split"] == "train"]
+
+
+def test_lm_trains_on_the_device_as_on_the_cpu(tmp_path):
+    """The decoder-only LM in fp32 on the device follows the CPU's losses (the same blocks, the
+    same init); in bf16 it follows fp32 within bf16's rounding; both end with bits per token."""
+    cpu, cpu_losses = lm_losses(tmp_path, "cpu", ["trainer.device=cpu", "trainer.precision=fp32"])
+    dev, dev_losses = lm_losses(tmp_path, "fp32", [f"trainer.device={DEVICE}", "trainer.precision=fp32"])
+    assert cpu["status"] == dev["status"] == "ok" and dev["updates"] == 20 and len(dev_losses) == 4
+    # fp32 on both: kernels differ only in summation order; a wrong mask or a lost update would
+    # show as tenths of a nat
+    assert max(abs(a - b) for a, b in zip(cpu_losses, dev_losses)) < 0.01, (cpu_losses, dev_losses)
+    assert dev_losses[-1] < dev_losses[0] - 0.2  # it trains
+    assert dev["valid_bpt"] > 0 and dev["device"].startswith(DEVICE)
+    if DEVICE == "cuda":
+        bf16, bf16_losses = lm_losses(tmp_path, "bf16", ["trainer.device=cuda", "trainer.precision=bf16"])
+        assert bf16["precision"] == "bf16"
+        assert max(abs(a - b) for a, b in zip(dev_losses, bf16_losses)) < 0.05, (dev_losses, bf16_losses)
