@@ -128,17 +128,17 @@ case "$step" in
     case "${TESTS_LIMIT:-150}" in
       ''|*[!0-9]*) echo "gpu-session: TESTS_LIMIT must be whole seconds, got '${TESTS_LIMIT}'" >&2; exit 2 ;;
     esac
+    scale=${SCALE:-gpu}
+    case "$scale" in  # checked before the tests spend any of the call
+      gpu|real) ;;
+      *) echo "gpu-session: SCALE must be gpu or real, got '$scale'" >&2; exit 2 ;;
+    esac
     if [ "${TESTS_LIMIT:-150}" -gt 0 ]; then  # TESTS_LIMIT=0: the whole call for the pool
       timeout -k 15 -s INT "${TESTS_LIMIT:-150}" "$python" -m pytest -m cuda -v -rs tests/test_cuda.py \
         -k "${TESTS_K:-lm_trains or compile or checkpoint or radam or wait}" -p no:xdist --junitxml "$out/cuda-tests.xml" \
         2>&1 | tee "$out/cuda-tests.log" || echo "gpu-session: the CUDA tests ended with status $?" | tee -a "$out/cuda-tests.log"
     fi
     target=${TARGET:-table2}
-    scale=${SCALE:-gpu}
-    case "$scale" in
-      gpu|real) ;;
-      *) echo "gpu-session: SCALE must be gpu or real, got '$scale'" >&2; exit 2 ;;
-    esac
     left=$(( limit - ($(date +%s) - start) ))
     if [ "$left" -lt 60 ]; then echo "gpu-session: ${left} s left, no time for the $target pool" | tee "$out/$target.log"; exit 1; fi
     rc=0

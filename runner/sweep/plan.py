@@ -48,7 +48,7 @@ def parse_overrides(lines: Sequence[str]) -> list[ParsedOverride]:
     return out
 
 
-# Overrides that do not change a run's result (conf/train.yaml keeps them out of folder names):
+# Overrides that do not change a run's result (runner/run/folder.py keeps them out of folder names):
 # a cell run with other values of these is the same cell.
 # trainer.compile as trainer.device: torch.compile fuses kernels, the same computation up to
 # floating-point rounding (tests/test_cuda.py checks compiled against eager on a GPU)

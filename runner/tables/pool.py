@@ -259,6 +259,7 @@ class _Pool:
             reason = (record or {}).get("reason") or f"exit code {proc.returncode}"
             console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name}){count}")
             return False
+        record["pool_slots"] = self.parallel  # cells at once in its pool: its wall_s shared the machine
         cell.record = record
         job.records.put(record)
         job.records.save()

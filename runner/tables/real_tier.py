@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import sys
 import tarfile
 import time
@@ -19,7 +20,7 @@ import torch
 from runner.config import Config
 from runner.console import format_duration
 from runner.files import atomic_path
-from runner.run.status import OK
+from runner.run.status import OK, STALLED
 from runner.sweep.plan import norm_key
 from runner.tables import pool, suite
 from runner.tables.all_schemes import feeds_all_schemes, refresh_all_schemes
@@ -108,7 +109,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
     print(path.read_text())
     print(f"wrote {path} and {records.path}")
     if request.bundle is not None:
-        written = write_bundle(request.bundle, path.parent, work, {
+        written = write_bundle(request.bundle, path.parent, work, probed is not None, {
             "target": target.name, "tier": tier, "parallel": parallel, "deadline_s": request.deadline_s,
             "expected_cell_s": deadline.cell_s if deadline else None, "wall_s": time.monotonic() - start,
             "cells": len(cells), "with_record": sum(c.record is not None for c in cells),
@@ -147,6 +148,7 @@ def probe(cell: suite.SuiteCell, work: Path, on_gpu: bool,
     # (None: warmup=auto, which the run resolves from its init scheme).
     fit = (f"warmup.updates={updates // 2}",) if (cfg.warmup.updates or 0) >= updates else ()
     print(f"probe: {updates} updates of {cell.label}, {', '.join(map(str, candidates))} at once")
+    shutil.rmtree(probe_dir(work), ignore_errors=True)  # the bundle packs this call's rounds only
     parallel, rounds = pool.probe_parallel(cell, probe_dir(work), candidates,
                                            updates, full, compose=compose, extra=fit, budget_s=budget_s)
     print(f"probe: {parallel} cell(s) at once ({rounds[[r.parallel for r in rounds].index(parallel)].line()})"
@@ -175,12 +177,16 @@ def cells_device(cfg: Config) -> str:
 
 def median_timed(cells: Sequence[suite.SuiteCell], device: Optional[str] = None) -> Optional[suite.SuiteCell]:
     """The cell whose record has the median wall time (the upper one of an even count) among the
-    records of cells that ran their whole budget (status ok: a diverged cell stops early) on
-    `device` ("cpu" or "cuda"; None: any), None when there is none: the one cell a suite's
-    measured time per cell comes from (a CPU cell's hour says nothing of a GPU's minutes)."""
-    timed = sorted((c for c in cells if c.record and c.record.get("status") == OK and c.record.get("wall_s")
-                    and (device is None or (c.record.get("machine") or {}).get("device") == device)),
-                   key=lambda c: c.record["wall_s"])
+    records of cells that ran their whole budget (ok or stalled, not stopped early: a diverged
+    cell or one the early-stopping rule ended is shorter) on `device` ("cpu" or "cuda"; None:
+    any), None when there is none: the one cell a suite's measured time per cell comes from (a
+    CPU cell's hour says nothing of a GPU's minutes)."""
+    def whole(record: dict) -> bool:
+        ran_on = str((record.get("machine") or {}).get("device") or "").split(":")[0]  # cuda:1 is cuda
+        return (record.get("status") in (OK, STALLED) and not record.get("stopped_early")
+                and bool(record.get("wall_s")) and (device is None or ran_on == device))
+
+    timed = sorted((c for c in cells if c.record and whole(c.record)), key=lambda c: c.record["wall_s"])
     return timed[len(timed) // 2] if timed else None
 
 
@@ -215,9 +221,11 @@ class CellCosts:
     Two measurements can give it, each taken on one cell and scaled to every other cell by its
     layers over that cell's (an 18+18 cell expects 3x a 6+6 one):
     - the suite's records: the median record's wall time (median_timed) plus RECORD_UNTIMED_S, as
-      cell_deadline, times the probe's slowdown at `parallel` (its seconds per update there over
-      alone, both read in the same window of updates; 1 without a probe), a record being taken as
-      trained alone;
+      cell_deadline, brought to a cell trained alone (divided by the probe's slowdown at the
+      record's `pool_slots`, the cells its pool ran at once; a record without one, or one whose
+      count the probe did not try, is taken as trained alone), times the probe's slowdown at
+      `parallel` (seconds per update there over alone, both read in the same window of updates;
+      1 without a probe);
     - without a record, the probe: its projection for the probed cell at `parallel`, its start-up
       plus the cell's updates at the steady seconds per update, plus PROBE_UNTIMED_S.
     A record wins where both exist: it timed a whole cell, where the probe's short rounds read a
@@ -236,14 +244,20 @@ class CellCosts:
 
     def seconds(self, cell: suite.SuiteCell, parallel: int) -> Optional[float]:
         size = max(1, self.layers(cell))
-        chosen, alone = self.rounds.get(parallel), self.rounds.get(1)
+        chosen = self.rounds.get(parallel)
         if self.reference is not None and self.base.cell_s is not None:
-            slowdown = chosen.seconds_per_update / alone.seconds_per_update if chosen and alone else 1.0
-            return self.base.cell_s * max(1.0, slowdown) * size / max(1, self.layers(self.reference))
+            alone_s = self.base.cell_s / self.slowdown(self.reference.record.get("pool_slots") or 1)
+            return alone_s * self.slowdown(parallel) * size / max(1, self.layers(self.reference))
         if chosen is not None and self.probed is not None:
             projected = 3600.0 * parallel / chosen.cells_per_hour + PROBE_UNTIMED_S
             return projected * size / max(1, self.layers(self.probed))
         return None
+
+    def slowdown(self, parallel: int) -> float:
+        """The probe's seconds per update with `parallel` cells at once over alone, at least 1; 1
+        where the probe did not measure both."""
+        chosen, alone = self.rounds.get(parallel), self.rounds.get(1)
+        return max(1.0, chosen.seconds_per_update / alone.seconds_per_update) if chosen and alone else 1.0
 
     def deadline(self, parallel: int) -> pool.Deadline:
         """The deadline with each cell's own expected seconds at `parallel` at once (`cell_s`: the
@@ -285,11 +299,11 @@ class CellCosts:
         return best.parallel
 
 
-def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path:
+def write_bundle(bundle: Path, results: Path, work: Path, probed: bool, summary: dict) -> Path:
     """One .tgz of what a machine that hands back a few files needs to return: the suite's
     records, report and plots (`results`), each cell's log (`work`/*.out and its run folder's
-    train.log and result.json; no checkpoints), the same of the probe's copies (probe_dir, under
-    logs/probe/) and `summary` as summary.json."""
+    train.log and result.json; no checkpoints), the same of the probe's copies when this call
+    probed (probe_dir, under logs/probe/) and `summary` as summary.json."""
     bundle = bundle.resolve()
     bundle.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(bundle) as tmp, tarfile.open(tmp, "w:gz") as tar:  # a bundle is whole or absent
@@ -297,8 +311,9 @@ def write_bundle(bundle: Path, results: Path, work: Path, summary: dict) -> Path
             if f.is_file() and f.suffix in (".jsonl", ".md", ".png", ".json"):
                 tar.add(f, arcname=f"results/{f.name}")
         _add_cell_logs(tar, work, sorted(work.glob("*.out")), "logs")
-        probes = probe_dir(work)
-        _add_cell_logs(tar, probes, sorted(probes.glob("x*/copy*/*.out")), "logs/probe")
+        if probed:
+            probes = probe_dir(work)
+            _add_cell_logs(tar, probes, sorted(probes.glob("x*/copy*/*.out")), "logs/probe")
         data = json.dumps(summary, indent=1).encode()
         info = tarfile.TarInfo("summary.json")
         info.size, info.mtime = len(data), int(time.time())

@@ -310,6 +310,7 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     for r in records:
         assert r["status"] in ("ok", "diverged", "stalled") and r["updates"] == 20
         assert r["machine"]["git_commit"] and r["machine"]["torch"]
+        assert r["machine"]["compile"] is False and r["pool_slots"] == 2  # how it ran: eager, 2 at once
         assert r["valid_curve"] and "+sweep=reproduce_table2_real" in r["overrides"]
         # the logged training losses, what loss spikes are counted from (SHRINK logs every 5)
         assert [step for step, _ in r["train_curve"]] == [5, 10, 15, 20][:len(r["train_curve"])]
@@ -726,6 +727,11 @@ def test_each_cell_expects_its_own_time_from_records_and_probe_scaled_by_its_lay
         warming = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, [_probe_run(1, 0.085)], shallow[1], layers)
         assert warming.seconds(shallow[1], 1) == pytest.approx(265)
         assert warming.seconds(deep[0], 1) == pytest.approx(3 * 265)
+        # a record whose pool ran 4 at once (2.5x slower there) is brought back to alone first
+        shallow[0].record["pool_slots"] = 4
+        assert both.seconds(shallow[1], 4) == pytest.approx(265)
+        assert both.seconds(shallow[1], 1) == pytest.approx(265 / 2.5)
+        assert warming.seconds(shallow[1], 1) == pytest.approx(265)  # 4 at once not probed: as alone
     finally:
         shallow[0].record = None
 
@@ -753,11 +759,15 @@ def test_the_time_per_cell_comes_from_whole_records_plus_what_wall_s_leaves_out(
         assert median_timed(cells) is None
         # a suite trained on a GPU is timed by its GPU records only, and on a CPU by its CPU ones
         first.record = {"status": "ok", "wall_s": 4000.0, "machine": {"device": "cpu"}}
-        second.record = {"status": "ok", "wall_s": 120.0, "machine": {"device": "cuda"}}
+        second.record = {"status": "ok", "wall_s": 120.0, "machine": {"device": "cuda:1"}}
         assert median_timed(cells, "cuda") is second and median_timed(cells, "cpu") is first
         assert median_timed(cells) is first  # any device
         second.record = None
         assert median_timed(cells, "cuda") is None
+        # a stalled cell ran its whole budget; one the early-stopping rule ended did not
+        first.record = {"status": "stalled", "wall_s": 265.0}
+        second.record = {"status": "ok", "wall_s": 90.0, "stopped_early": True}
+        assert median_timed(cells) is first
     finally:
         for cell in (first, second, third):
             cell.record = None
@@ -871,6 +881,7 @@ def test_the_prepared_gpu_call_rehearsed_on_cpu_returns_one_bundle(tmp_path):
         tests_log = tar.extractfile("./cuda-tests.log").read().decode()
         inner = tarfile.open(fileobj=tar.extractfile("./tfixup-depth-gpu.tgz"))
         summary = json.load(inner.extractfile("summary.json"))
+        assert not any(n.startswith("logs/probe") for n in inner.getnames())  # PARALLEL=1: no probe
         # the records also outside the suite's own bundle (one the limit cut short is not packed);
         # the test's overrides make a variant, whose records stay beside its run folders
         copied = tar.extractfile("./tfixup-depth-gpu-variant/records.jsonl").read().decode().splitlines()
