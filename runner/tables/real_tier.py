@@ -83,7 +83,8 @@ def run_real(target: Target, request: Request, tier: str = "real",
     # where the cells train: a real-tier suite may run on a lent GPU (trainer.device=cuda), a
     # gpu-tier rehearsal on the CPU; only records from the same kind of device time its cells
     device = cells_device(compose(todo[0].overrides)) if trains and todo else None
-    deadline = cell_deadline(request, median_timed(cells, device), minutes, start)
+    reference = median_timed(cells, device)
+    deadline = cell_deadline(request, reference, minutes, start)
     rounds: list[pool.ProbeRun] = []
     layers: dict[str, int] = {}  # each cell's layers, composed once, for the costs below
 
@@ -95,8 +96,16 @@ def run_real(target: Target, request: Request, tier: str = "real",
     probed = None
     if request.probe and trains and todo:
         probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
-        budget = deadline.left() * PROBE_BUDGET_SHARE if deadline is not None else None
-        parallel, rounds = probe(probed, work, device == "cuda", compose, budget)
+        alone_s = (CellCosts(deadline, cells, todo, [], None, cell_layers, device).seconds(probed, 1)
+                   if deadline is not None else None)
+        if probe_leaves_time(deadline, alone_s):
+            budget = deadline.left() * PROBE_BUDGET_SHARE if deadline is not None else None
+            parallel, rounds = probe(probed, work, device == "cuda", compose, budget)
+        else:  # at the count the records were timed at, where their time holds
+            parallel, probed = reference.record.get("pool_slots") or 1, None
+            print(f"probe: skipped: its share of the {format_duration(deadline.left())} left would leave less "
+                  f"than the ~{format_duration(alone_s)} a cell takes alone (records); {parallel} at a time, "
+                  f"as the records were timed")
     if deadline is not None and trains and todo:
         costs = CellCosts(deadline, cells, todo, rounds, probed, cell_layers, device)
         if rounds:
@@ -131,6 +140,17 @@ PROBE_UPDATES_CUDA = 200
 PROBE_CANDIDATES = (1, 2, 4, 8, 16)
 # With a deadline, the probe's rounds stop before this share of the time left would be spent on them.
 PROBE_BUDGET_SHARE = 1 / 3
+
+
+def probe_leaves_time(deadline: Optional[pool.Deadline], alone_s: Optional[float]) -> bool:
+    """Whether a probe is worth its time: after spending its share of the time to the deadline
+    (PROBE_BUDGET_SHARE), the cheapest cell, whose records say it takes `alone_s` alone, must still
+    fit. Otherwise the probe would only choose among counts of which none finishes a cell: a
+    9-minute GPU call after its tests leaves about 400 s, a third of it for the probe, and a 6+6
+    GPU-tier cell takes ~295 s alone. Without a deadline or records, the probe runs."""
+    if deadline is None or alone_s is None:
+        return True
+    return deadline.left() * (1.0 - PROBE_BUDGET_SHARE) >= alone_s
 
 
 def probe(cell: suite.SuiteCell, work: Path, on_gpu: bool,

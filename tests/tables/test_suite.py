@@ -773,6 +773,38 @@ def test_the_time_per_cell_comes_from_whole_records_plus_what_wall_s_leaves_out(
             cell.record = None
 
 
+def test_the_probe_runs_only_where_a_cell_still_fits_after_it():
+    """A probe spends a third of the time left: where a cell (its records' time alone) would no
+    longer fit after that, it is skipped; without a deadline or records it runs."""
+    import time
+
+    from runner.tables.pool import Deadline
+    from runner.tables.real_tier import probe_leaves_time
+
+    assert not probe_leaves_time(Deadline(time.monotonic() + 400), 295.0)  # 267 s left after it
+    assert probe_leaves_time(Deadline(time.monotonic() + 530), 295.0)  # 353 s left after it
+    assert probe_leaves_time(Deadline(time.monotonic() + 10), None)  # no records: only a probe can tell
+    assert probe_leaves_time(None, 295.0)
+
+
+@pytest.mark.slow
+def test_a_probe_that_would_leave_no_cell_time_is_skipped(tmp_path, monkeypatch, capsys):
+    """With a record, a short deadline: the probe's third would leave less than the record's
+    time, so `--parallel auto` trains at the count the record was timed at, with no probe."""
+    from runner.cli.reproduce import main as reproduce_main
+
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path / "results"))
+    base = ["table2", "--scale", "real", "--out", str(tmp_path / "out"), *SHRINK[:-3], "method=pre_ln",
+            "warmup.updates=5"]
+    assert reproduce_main([*base, "--parallel", "1", "trainer.seed=1"]) == 0  # one record, timed alone
+    capsys.readouterr()
+    # 45 s: a third for the probe leaves 30 s, less than the record's wall time plus 30 s
+    assert reproduce_main([*base, "--parallel", "auto", "--deadline", "45", "trainer.seed=1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "probe: skipped" in out and "1 at a time, as the records were timed" in out
+    assert not (tmp_path / "out" / "table2-real-probe").exists()
+
+
 def test_a_cell_trains_on_the_device_its_config_names():
     """cells_device: trainer.device=cuda on a real-tier suite (a CPU tier trained on a lent GPU)
     is a GPU's cell, trainer.device=cpu on the gpu tier (its CPU rehearsal) a CPU's; the real
