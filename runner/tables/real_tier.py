@@ -63,9 +63,14 @@ def run_real(target: Target, request: Request, tier: str = "real",
           f"record in {where}; run folders in {work}")
     for c in cells:
         print(f"  {c.label}   [{c.record['status'] if c.record else 'to train'}]")
+    # where the cells train: a real-tier suite may run on a lent GPU (trainer.device=cuda), a
+    # gpu-tier rehearsal on the CPU; only records from the same kind of device time its cells
+    device = cells_device(compose(todo[0].overrides)) if compose is not None and todo else None
     if minutes:
         wall = estimate_wall_s([minutes * 60] * len(todo), parallel)
         where = "of one GPU to itself" if gpu else "on one core of an idle 2-core machine"
+        if device == "cuda" and not gpu:
+            where += "; on a GPU, its records or the probe time the cells"
         print(f"estimated wall time: ~{format_duration(wall)} for {cell_count(len(todo))}, {parallel} at a time "
               f"(~{minutes:.0f} min per cell {where})")
     if request.dry_run:
@@ -80,9 +85,6 @@ def run_real(target: Target, request: Request, tier: str = "real",
         return path
 
     # the report follows the records cell by cell, so an interrupted suite leaves both in step
-    # where the cells train: a real-tier suite may run on a lent GPU (trainer.device=cuda), a
-    # gpu-tier rehearsal on the CPU; only records from the same kind of device time its cells
-    device = cells_device(compose(todo[0].overrides)) if trains and todo else None
     reference = median_timed(cells, device)
     deadline = cell_deadline(request, reference, minutes, start)
     rounds: list[pool.ProbeRun] = []

@@ -798,8 +798,9 @@ def test_a_probe_that_would_leave_no_cell_time_is_skipped(tmp_path, monkeypatch,
             "warmup.updates=5"]
     assert reproduce_main([*base, "--parallel", "1", "trainer.seed=1"]) == 0  # one record, timed alone
     capsys.readouterr()
-    # 45 s: a third for the probe leaves 30 s, less than the record's wall time plus 30 s
-    assert reproduce_main([*base, "--parallel", "auto", "--deadline", "45", "trainer.seed=1,2"]) == 0
+    # 35 s: a third for the probe leaves 23 s, less than the record's wall time plus 30 s (and
+    # seed 2, expected to take as long, is not started either)
+    assert reproduce_main([*base, "--parallel", "auto", "--deadline", "35", "trainer.seed=1,2"]) == 0
     out = capsys.readouterr().out
     assert "probe: skipped" in out and "1 at a time, as the records were timed" in out
     assert not (tmp_path / "out" / "table2-real-probe").exists()
@@ -872,20 +873,23 @@ def test_under_a_deadline_the_cheapest_cells_run_first(monkeypatch):
 
 
 def test_the_call_step_takes_a_real_tier_suite_and_refuses_another_scale(tmp_path):
-    """SCALE=real: the call step plans a CPU tier's suite (here --dry-run: it trains nothing) with
-    the same pool, deadline and bundle; a scale other than gpu or real is one line and status 2."""
+    """SCALE=real: the call step plans a CPU tier's suite on the GPU (here --dry-run: it trains
+    nothing) with the same pool, deadline and bundle; a scale other than gpu or real is one line
+    and status 2."""
     import subprocess
     import tarfile
 
     out = tmp_path / "gpu-out"
     env = {**_gpu_session_env(tmp_path, out), "BUNDLE": "call", "TARGET": "width", "SCALE": "real",
            "TESTS_LIMIT": "0"}
-    proc = subprocess.run(["bash", "ci/gpu-session.sh", "call", "120", "--dry-run"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(["bash", "ci/gpu-session.sh", "call", "120", "--dry-run", "trainer.device=cuda"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with tarfile.open(out / "call.tgz") as tar:
         log = tar.extractfile("./width.log").read().decode()
-    assert "reproduce-width (real data)" in log and "36 cells" in log
+    # the suite's own 36 cells (the device is not part of a cell), timed on a GPU by GPU records
+    assert "reproduce-width (real data)" in log and "36 cells" in log and "a variant" not in log
+    assert "on a GPU, its records or the probe time the cells" in log
     env["SCALE"] = "paper"
     bad = subprocess.run(["bash", "ci/gpu-session.sh", "call", "60"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
