@@ -162,14 +162,15 @@ def probe_parallel(cell: SuiteCell, work: Path, candidates: Sequence[int], updat
     per update (steady_seconds_per_update) and the rest of its wall time as start-up; it stops at
     the first round that gains nothing on the best before it, and before a round that would end
     past `budget_s` seconds of probing (each round takes at least as long as the one before).
-    A round still running when `budget_s` is spent is stopped, and the probe ends there. Each
-    round starts from empty folders. `extra` overrides fit the cell to the probe's short run
+    A round still running when `budget_s` is spent is stopped, and the probe ends there. The probe
+    starts from an empty `work` (its folders hold this call's rounds only). `extra` overrides fit the cell to the probe's short run
     without changing a step's cost.
     Returns the n with the most cells per hour (the smallest on a tie) and every round."""
     rounds: list[ProbeRun] = []
     probe = SuiteCell([*cell.overrides, f"trainer.max_updates={updates}", *PROBE_OVERRIDES,
                        f"trainer.log_interval={max(1, updates // PROBE_LOGS)}", *extra],
                       cell.key, cell.arm, cell.seed)
+    shutil.rmtree(work, ignore_errors=True)  # an earlier call's copies would be read as this call's
     began, last_round_s = time.monotonic(), 0.0
     # a round still running when the budget is spent is stopped, and the probe ends with it
     budget = Deadline(began + budget_s) if budget_s is not None else None
@@ -178,7 +179,6 @@ def probe_parallel(cell: SuiteCell, work: Path, candidates: Sequence[int], updat
             console.print(f"probe: no time for {n} at once within the probe's {format_duration(budget_s)}")
             break
         folder = work / f"x{n}"
-        shutil.rmtree(folder, ignore_errors=True)  # an earlier call's copies would be read as this round's
         jobs = [Job(probe, folder / f"copy{i}", Records.load(folder / f"copy{i}"), f"probe x{n}")
                 for i in range(n)]
         round_began = time.monotonic()

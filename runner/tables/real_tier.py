@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import sys
 import tarfile
 import time
@@ -98,7 +97,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
     probed = None
     if request.probe and trains and todo:
         probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
-        alone_s = (CellCosts(deadline, cells, todo, [], None, cell_layers, device).seconds(probed, 1)
+        alone_s = (CellCosts(deadline, reference, todo, [], None, cell_layers).seconds(probed, 1)
                    if deadline is not None else None)
         if probe_leaves_time(deadline, alone_s):
             budget = deadline.left() * PROBE_BUDGET_SHARE if deadline is not None else None
@@ -109,7 +108,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
                   f"than the ~{format_duration(alone_s)} a cell takes alone (records); {parallel} at a time, "
                   f"as the records were timed")
     if deadline is not None and trains and todo:
-        costs = CellCosts(deadline, cells, todo, rounds, probed, cell_layers, device)
+        costs = CellCosts(deadline, reference, todo, rounds, probed, cell_layers)
         if rounds:
             parallel = costs.parallel_for_deadline(parallel)
         deadline = costs.deadline(parallel)
@@ -170,7 +169,6 @@ def probe(cell: suite.SuiteCell, work: Path, on_gpu: bool,
     # (None: warmup=auto, which the run resolves from its init scheme).
     fit = (f"warmup.updates={updates // 2}",) if (cfg.warmup.updates or 0) >= updates else ()
     print(f"probe: {updates} updates of {cell.label}, {', '.join(map(str, candidates))} at once")
-    shutil.rmtree(probe_dir(work), ignore_errors=True)  # the bundle packs this call's rounds only
     parallel, rounds = pool.probe_parallel(cell, probe_dir(work), candidates,
                                            updates, full, compose=compose, extra=fit, budget_s=budget_s)
     print(f"probe: {parallel} cell(s) at once ({rounds[[r.parallel for r in rounds].index(parallel)].line()})"
@@ -255,12 +253,12 @@ class CellCosts:
     34-41 ms after update 500), which projects twice the cell's time. With neither (the preset's
     minutes per cell, one figure for every cell), the deadline stays as it is."""
 
-    def __init__(self, deadline: pool.Deadline, cells: Sequence[suite.SuiteCell],
+    def __init__(self, deadline: pool.Deadline, reference: Optional[suite.SuiteCell],
                  todo: Sequence[suite.SuiteCell], rounds: Sequence[pool.ProbeRun],
-                 probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int],
-                 device: Optional[str] = None):
-        self.base, self.todo, self.layers = deadline, list(todo), cell_layers
-        self.reference = median_timed(cells, device)
+                 probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int]):
+        """`reference`: the record that timed the suite (median_timed, the cell `deadline`'s
+        cell_s comes from; cell_deadline)."""
+        self.base, self.reference, self.todo, self.layers = deadline, reference, list(todo), cell_layers
         self.rounds = {r.parallel: r for r in rounds}
         self.probed = probed if rounds else None
 

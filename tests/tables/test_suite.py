@@ -689,18 +689,18 @@ def test_each_cell_expects_its_own_time_from_records_and_probe_scaled_by_its_lay
     without a record the probe's projection for its cell, each scaled by the cell's layers over
     its own cell's; the preset's minutes (neither) stay one figure for every cell."""
     from runner.tables.pool import Deadline
-    from runner.tables.real_tier import PROBE_UNTIMED_S, CellCosts
+    from runner.tables.real_tier import PROBE_UNTIMED_S, CellCosts, median_timed
 
     cells, layers = _table2_gpu_cells()
     shallow = [c for c in cells if layers(c) == 12]
     deep = [c for c in cells if layers(c) == 36]
     assert len(shallow) == len(deep) == 14 and cells[0] in deep
     preset = Deadline(at=1e9, cell_s=300.0)
-    assert CellCosts(preset, cells, cells, [], None, layers).deadline(1) is preset  # neither: one figure
+    assert CellCosts(preset, median_timed(cells), cells, [], None, layers).deadline(1) is preset  # neither: one figure
 
     rounds = [_probe_run(1, 0.010), _probe_run(4, 0.025)]
     projected_4 = 24 + 6000 * 0.025 + PROBE_UNTIMED_S  # 234 s for a 6+6 cell at 4 at once
-    by_probe = CellCosts(preset, cells, cells, rounds, shallow[0], layers)
+    by_probe = CellCosts(preset, median_timed(cells), cells, rounds, shallow[0], layers)
     assert by_probe.seconds(shallow[1], 4) == pytest.approx(projected_4)
     assert by_probe.seconds(deep[0], 4) == pytest.approx(3 * projected_4)
     assert by_probe.seconds(shallow[1], 1) == pytest.approx(24 + 60 + PROBE_UNTIMED_S)
@@ -709,22 +709,22 @@ def test_each_cell_expects_its_own_time_from_records_and_probe_scaled_by_its_lay
     shallow[0].record = {"status": "ok", "wall_s": 265.0}
     try:
         todo = [c for c in cells if c.record is None]
-        both = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, rounds, shallow[1], layers)
+        both = CellCosts(Deadline(at=1e9, cell_s=265.0), median_timed(cells), todo, rounds, shallow[1], layers)
         assert both.seconds(shallow[1], 4) == pytest.approx(265 * 2.5)
         assert both.seconds(deep[0], 4) == pytest.approx(3 * 265 * 2.5)
         # without a record, the probe of a deep cell (projection for 36 layers) is brought to
         # each cell's layers
-        deep_probe = CellCosts(Deadline(at=1e9), todo, todo, [_probe_run(1, 0.030)], deep[0], layers)
+        deep_probe = CellCosts(Deadline(at=1e9), median_timed(todo), todo, [_probe_run(1, 0.030)], deep[0], layers)
         deep_projected = 24 + 6000 * 0.030 + PROBE_UNTIMED_S
         assert deep_probe.seconds(deep[1], 1) == pytest.approx(deep_projected)
         assert deep_probe.seconds(shallow[1], 1) == pytest.approx(deep_projected / 3)
         costed = both.deadline(4)
         assert len(costed.per_cell) == 27 and costed.cell_s == pytest.approx(265 * 2.5)
-        records_only = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, [], None, layers)
+        records_only = CellCosts(Deadline(at=1e9, cell_s=265.0), median_timed(cells), todo, [], None, layers)
         assert records_only.seconds(deep[0], 1) == pytest.approx(3 * 265)
         # a record wins over a probe that projects more (one read while the GPU warmed up: 85 ms
         # per update, 594 s for the 6+6 cell the record timed at 265 s)
-        warming = CellCosts(Deadline(at=1e9, cell_s=265.0), cells, todo, [_probe_run(1, 0.085)], shallow[1], layers)
+        warming = CellCosts(Deadline(at=1e9, cell_s=265.0), median_timed(cells), todo, [_probe_run(1, 0.085)], shallow[1], layers)
         assert warming.seconds(shallow[1], 1) == pytest.approx(265)
         assert warming.seconds(deep[0], 1) == pytest.approx(3 * 265)
         # a record whose pool ran 4 at once (2.5x slower there) is brought back to alone first
@@ -832,7 +832,7 @@ def test_with_a_deadline_the_count_at_once_is_the_one_that_finishes_the_most_cel
     import time
 
     from runner.tables.pool import Deadline
-    from runner.tables.real_tier import CellCosts
+    from runner.tables.real_tier import CellCosts, median_timed
 
     cells, layers = _table2_gpu_cells()
     shallow = [c for c in cells if layers(c) == 12]
@@ -840,7 +840,7 @@ def test_with_a_deadline_the_count_at_once_is_the_one_that_finishes_the_most_cel
     assert max(rounds, key=lambda r: r.cells_per_hour).parallel == 8
 
     def choose(left: float, todo) -> int:
-        return CellCosts(Deadline(time.monotonic() + left), cells, todo, rounds, shallow[0], layers).parallel_for_deadline(8)
+        return CellCosts(Deadline(time.monotonic() + left), median_timed(cells), todo, rounds, shallow[0], layers).parallel_for_deadline(8)
 
     assert choose(400, cells) == 4
     assert choose(400, shallow[:2]) == 4  # 2 cells either way: the more per hour
@@ -848,7 +848,7 @@ def test_with_a_deadline_the_count_at_once_is_the_one_that_finishes_the_most_cel
     assert choose(60, cells) == 8  # nothing fits anywhere
     assert choose(-5, cells) == 8  # the probe ended past the deadline
     # deep cells expect 3x: in 400 s at 1 at once, 3 shallow cells (124 s each) and no deep one
-    costs = CellCosts(Deadline(time.monotonic() + 400), cells, cells, rounds, shallow[0], layers)
+    costs = CellCosts(Deadline(time.monotonic() + 400), median_timed(cells), cells, rounds, shallow[0], layers)
     assert costs.finished(1, 400) == 3 and costs.finished(4, 400) == 4 and costs.finished(8, 400) == 0
 
 
@@ -857,11 +857,11 @@ def test_under_a_deadline_the_cheapest_cells_run_first(monkeypatch):
     session cut short ends with the most records; with one figure for every cell, the plan's order."""
     from runner.tables import pool
     from runner.tables.pool import Deadline, run_cells
-    from runner.tables.real_tier import CellCosts
+    from runner.tables.real_tier import CellCosts, median_timed
 
     cells, layers = _table2_gpu_cells()
     shallow = next(c for c in cells if layers(c) == 12)
-    costed = CellCosts(Deadline(at=1e9, cell_s=300.0), cells, cells, [_probe_run(1, 0.01)], shallow, layers).deadline(1)
+    costed = CellCosts(Deadline(at=1e9, cell_s=300.0), median_timed(cells), cells, [_probe_run(1, 0.01)], shallow, layers).deadline(1)
     order = []
     monkeypatch.setattr(pool, "run_jobs", lambda jobs, *a, **k: order.extend(j.cell for j in jobs))
     run_cells(cells, Path("unused"), None, 1, compose=compose, deadline=costed)
