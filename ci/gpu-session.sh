@@ -118,8 +118,8 @@ case "$step" in
     exit "$rc"
     ;;
   call)
-    # One prepared call (a GPU lent for minutes): first a few CUDA tests (compile, resume, RAdam on
-    # the device, the no-wait checks; TESTS_K), bounded, then the GPU tier's next cells (SCALE=real:
+    # One prepared call (a GPU lent for minutes): first a few CUDA tests (the LM on the device,
+    # compile, resume, RAdam on the device, the no-wait checks; TESTS_K), bounded, then the GPU tier's next cells (SCALE=real:
     # a real-tier suite's, with trainer.device=cuda among the overrides) with the count at once
     # chosen by the probe, each started only when it will end before the deadline. Rehearsed on
     # CPU by tests/tables/test_suite.py with trainer.device=cpu and tiny overrides: on a GPU only

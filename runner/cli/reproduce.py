@@ -88,8 +88,9 @@ def main(argv: Sequence[str]) -> int:
                         "for status's estimate of the time left (default: CPU count); at the gpu "
                         "tier, cells sharing the GPU (default 1). auto (real and gpu tiers): a short "
                         "probe trains the cell with the fewest layers 30 updates (200 on a GPU) alone "
-                        "and 2, 4, 8 at once and takes the number with the most cells per hour (with "
-                        "--deadline: the most cells finished by then)")
+                        "and 2, 4, 8, 16 at once (up to the CPU count) and takes the number with the "
+                        "most cells per hour (with --deadline: the most cells finished by then; no "
+                        "probe where the records say no cell would fit after it)")
     p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
                    help="parent of the sweep folder <target>-<scale> (default outputs/reproduce)")
     p.add_argument("--suites", nargs="+", metavar="SUITE", choices=REAL_SUITE_ORDER,
