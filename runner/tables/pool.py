@@ -163,8 +163,8 @@ def probe_parallel(cell: SuiteCell, work: Path, candidates: Sequence[int], updat
     the first round that gains nothing on the best before it, and before a round that would end
     past `budget_s` seconds of probing (each round takes at least as long as the one before).
     A round still running when `budget_s` is spent is stopped, and the probe ends there. The probe
-    starts from an empty `work` (its folders hold this call's rounds only). `extra` overrides fit the cell to the probe's short run
-    without changing a step's cost.
+    starts from an empty `work` (its folders hold this call's rounds only). `extra` overrides fit
+    the cell to the probe's short run without changing a step's cost.
     Returns the n with the most cells per hour (the smallest on a tie) and every round."""
     rounds: list[ProbeRun] = []
     probe = SuiteCell([*cell.overrides, f"trainer.max_updates={updates}", *PROBE_OVERRIDES,
