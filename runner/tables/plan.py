@@ -4,6 +4,7 @@ and how long the cells left will take."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -11,6 +12,8 @@ from typing import Optional, Sequence
 import torch
 
 from runner.config import ModelConfig, TrainerConfig
+from runner.console import format_duration
+from runner.run.status import OK, STALLED
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import find_run_dirs, read_cell
 from runner.tables import suite
@@ -147,6 +150,35 @@ def gpu_visible() -> bool:
         return False
 
 
+# What a record's wall_s leaves out of a cell's wall time: start-up, data loading and the final
+# decoding (a Table 2 cell on CPU: 2,278 s from its first log line to its last, wall_s 2,256; on an
+# H200 about 15 s).
+RECORD_UNTIMED_S = 30.0
+
+
+def record_device(record: dict) -> str:
+    """The kind of device a record's cell trained on: "cpu" or "cuda" (cuda:1 is cuda)."""
+    return str((record.get("machine") or {}).get("device") or "").split(":")[0]
+
+
+def ran_whole_budget(record: dict) -> bool:
+    """A record of a cell that trained its whole budget (ok or stalled, not ended early by a
+    divergence or the early-stopping rule), with its wall time: a time that stands for a cell of
+    another arm of the same size."""
+    return (record.get("status") in (OK, STALLED) and not record.get("stopped_early")
+            and bool(record.get("wall_s")))
+
+
+@dataclass(frozen=True)
+class CellEstimate:
+    """A cell's expected wall time alone and what it comes from: "arm" (the median of its arm's
+    records: the same settings, other seeds), "shape" (the median of the whole-budget records of
+    cells with the same model.* settings), or "preset" (the preset's minutes per cell)."""
+
+    seconds: float
+    source: str
+
+
 @dataclass
 class RealSuite:
     """A target's real tier as it stands: its planned cells with the records they have."""
@@ -162,6 +194,45 @@ class RealSuite:
     def todo(self) -> list:
         """The cells without a record, seed-major (the order they are trained in)."""
         return suite.seed_major(self.cells)
+
+    def estimates(self, device: str) -> list[Optional[CellEstimate]]:
+        """Each cell of `todo`'s expected seconds on `device` ("cpu" or "cuda"), from the records
+        this suite has on that kind of device where they time it, else the preset's figure (None
+        without one). Cells of one suite differ in cost by up to 6x (width's 64- and 256-wide
+        models), which one figure per preset cannot say. A record's time is as measured, on a
+        machine that may have been busy with other work."""
+        timed = [c for c in self.cells if c.record and c.record.get("wall_s") and record_device(c.record) == device]
+
+        def median_s(cells: list) -> Optional[float]:
+            return statistics.median(c.record["wall_s"] for c in cells) + RECORD_UNTIMED_S if cells else None
+
+        def shape(cell) -> dict:
+            return {k: v for k, v in cell.arm.items() if k.startswith("model.")}
+
+        out = []
+        for cell in self.todo:
+            arm_s = median_s([c for c in timed if c.arm == cell.arm])
+            shape_s = median_s([c for c in timed if shape(c) == shape(cell) and ran_whole_budget(c.record)])
+            out.append(CellEstimate(arm_s, "arm") if arm_s is not None else
+                       CellEstimate(shape_s, "shape") if shape_s is not None else
+                       CellEstimate(self.minutes * 60, "preset") if self.minutes else None)
+        return out
+
+
+def per_cell_range(seconds: Sequence[float]) -> str:
+    """The span of cells' expected times: "~32.0 min", or "~23.5 min to 2.4 h"."""
+    low, high = format_duration(min(seconds)), format_duration(max(seconds))
+    return f"~{low}" if low == high else f"~{low} to {high}"
+
+
+def describe_estimates(estimates: Sequence[Optional[CellEstimate]]) -> str:
+    """Where a suite's per-cell estimates come from, for a plan's printout: "records of the same
+    arm for 4, of the same model shape for 6, the preset's figure for 2"."""
+    counts = {source: sum((e.source if e is not None else None) == source for e in estimates)
+              for source in ("arm", "shape", "preset", None)}
+    words = {"arm": "records of the same arm", "shape": "records of the same model shape",
+             "preset": "the preset's minutes per cell", None: "no estimate"}
+    return ", ".join(f"{words[s]} for {n}" for s, n in counts.items() if n)
 
 
 def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real",

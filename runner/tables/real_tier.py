@@ -19,11 +19,23 @@ import torch
 from runner.config import Config
 from runner.console import format_duration
 from runner.files import atomic_path
-from runner.run.status import OK, STALLED
+from runner.run.status import OK
 from runner.sweep.plan import norm_key
 from runner.tables import pool, suite
 from runner.tables.all_schemes import feeds_all_schemes, refresh_all_schemes
-from runner.tables.plan import Request, cell_count, estimate_wall_s, gpu_visible, real_suite, sweep_dir_for
+from runner.tables.plan import (
+    RECORD_UNTIMED_S,
+    Request,
+    cell_count,
+    describe_estimates,
+    estimate_wall_s,
+    gpu_visible,
+    per_cell_range,
+    ran_whole_budget,
+    real_suite,
+    record_device,
+    sweep_dir_for,
+)
 from runner.tables.records import cell_key, results_root
 from runner.tables.report import write_report
 from runner.tables.rulebook import NOT_TRAINED
@@ -65,13 +77,13 @@ def run_real(target: Target, request: Request, tier: str = "real",
     # where the cells train: a real-tier suite may run on a lent GPU (trainer.device=cuda), a
     # gpu-tier rehearsal on the CPU; only records from the same kind of device time its cells
     device = cells_device(compose(todo[0].overrides)) if compose is not None and todo else None
-    if minutes:
-        wall = estimate_wall_s([minutes * 60] * len(todo), parallel)
-        where = "of one GPU to itself" if gpu else "on one core of an idle 2-core machine"
-        if device == "cuda" and not gpu:
-            where += "; on a GPU, its records or the probe time the cells"
-        print(f"estimated wall time: ~{format_duration(wall)} for {cell_count(len(todo))}, {parallel} at a time "
-              f"(~{minutes:.0f} min per cell {where})")
+    estimates = real.estimates(device or ("cuda" if gpu else "cpu"))
+    known = [e.seconds for e in estimates if e is not None]
+    if known:
+        where = "; on a GPU, its records or the probe time the cells" if device == "cuda" and not gpu else ""
+        print(f"estimated wall time: ~{format_duration(estimate_wall_s(known, parallel))} for "
+              f"{cell_count(len(known))}, {parallel} at a time ({per_cell_range(known)} per cell, from "
+              f"{describe_estimates(estimates)}{where})")
     if request.dry_run:
         return 0
 
@@ -176,12 +188,6 @@ def probe(cell: suite.SuiteCell, work: Path, on_gpu: bool,
     return parallel, rounds
 
 
-# What a record's wall_s (the training loop's time) leaves out: the process's start, data loading
-# and the final decoding. About 15 s for a 6+6 cell on an H200 (its log against its record's
-# 265 s, results/performance/gpu-h200-2026-11-28); twice that, as a margin.
-RECORD_UNTIMED_S = 30.0
-
-
 def probe_dir(work: Path) -> Path:
     """The probe's scratch folder, beside the suite's run folders: x<N>/copy<i>/ per round."""
     return work.parent / f"{work.name}-probe"
@@ -202,9 +208,7 @@ def median_timed(cells: Sequence[suite.SuiteCell], device: Optional[str] = None)
     any), None when there is none: the one cell a suite's measured time per cell comes from (a
     CPU cell's hour says nothing of a GPU's minutes)."""
     def whole(record: dict) -> bool:
-        ran_on = str((record.get("machine") or {}).get("device") or "").split(":")[0]  # cuda:1 is cuda
-        return (record.get("status") in (OK, STALLED) and not record.get("stopped_early")
-                and bool(record.get("wall_s")) and (device is None or ran_on == device))
+        return ran_whole_budget(record) and (device is None or record_device(record) == device)
 
     timed = sorted((c for c in cells if c.record and whole(c.record)), key=lambda c: c.record["wall_s"])
     return timed[len(timed) // 2] if timed else None
@@ -370,11 +374,14 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
         real = plans[name] = real_suite(TARGETS[name])
         todo, work = real.todo, sweep_dir_for(request.out.resolve(), name, "real")
         jobs += [pool.Job(cell, work, real.records, name) for cell in todo]
-        costs += [real.minutes * 60] * len(todo)
+        estimates = real.estimates("cpu")
+        known = [e.seconds for e in estimates if e is not None]
+        costs += known
         print(f"  {name:24s} {len(real.cells) - len(todo):3d} of {len(real.cells):3d} cells have a record; "
-              f"{len(todo)} to train (~{real.minutes:.0f} min each)")
-    print(f"estimated wall time: ~{format_duration(sum(costs) / parallel)} for {cell_count(len(jobs))}, "
-          f"{parallel} at a time on an idle machine (each preset's cpu_minutes_per_cell)")
+              f"{len(todo)} to train" + (f" ({per_cell_range(known)} each, from {describe_estimates(estimates)})"
+                                         if known else ""))
+    print(f"estimated wall time: ~{format_duration(estimate_wall_s(costs, parallel))} for "
+          f"{cell_count(len(costs))}, {parallel} at a time")
     if request.dry_run:
         return 0
 
@@ -404,16 +411,17 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
 def real_tier_status(parallel: int) -> list[dict]:
     """Per target with a real tier (and, as "<target> (gpu)", per gpu tier): planned cells,
     records by status, verdicts by kind, and the estimated wall time of the cells without a
-    record (`parallel` at a time on CPU, one at a time on a GPU; each preset's minutes per
-    cell)."""
+    record (`parallel` at a time on CPU, one at a time on a GPU; each cell's time from the
+    suite's records on that kind of device, else the preset's minutes per cell:
+    RealSuite.estimates)."""
     rows = []
     tiers = [(t, tier) for tier in SUITE_TIERS for t in TARGETS.values() if tier in t.parts]
     for target, tier in tiers:
         real = real_suite(target, tier=tier)
-        cells, minutes = real.cells, real.minutes
+        cells = real.cells
+        known = [e.seconds for e in real.estimates("cuda" if tier == "gpu" else "cpu") if e is not None]
         done = [c.record for c in cells if c.record is not None]
         decoded = suite.suite_decodes(cells)
-        todo = len(cells) - len(done)
         verdict_counts: dict[str, int] = {}
         for verdict in suite.verdicts(real.part.preset, cells):
             verdict_counts[verdict.verdict] = verdict_counts.get(verdict.verdict, 0) + 1
@@ -423,8 +431,8 @@ def real_tier_status(parallel: int) -> list[dict]:
                      **{status: sum(suite.cell_outcome(r, decoded) == status for r in done)
                         for status in (OK, *NOT_TRAINED)},
                      "verdicts": verdict_counts,
-                     "remaining_s": estimate_wall_s([minutes * 60] * todo, 1 if tier == "gpu" else parallel)
-                     if minutes else None})
+                     "remaining_s": estimate_wall_s(known, 1 if tier == "gpu" else parallel)
+                     if known else None})
     return rows
 
 
@@ -457,8 +465,9 @@ def print_status(parallel: int) -> int:
     console.print(f"cells: with a record / planned (a crashed cell gets no record and runs again); "
                   f"not trained: the cells that did not train, by the rule book (d diverged, c collapsed, "
                   f"s stalled, b below the BLEU bar); claims: verdicts so far; left: "
-                  f"estimated wall time of the cells without a record, {parallel} at a time on an idle "
-                  f"machine (each preset's cpu_minutes_per_cell); in all ~{format_duration(total_left)} of "
+                  f"estimated wall time of the cells without a record, {parallel} at a time (each cell's "
+                  f"time from the median record of its arm, else of its model shape, as measured, else "
+                  f"the preset's minutes per cell); in all ~{format_duration(total_left)} of "
                   f"CPU suites, plus ~{format_duration(gpu_left)} of (gpu) suites, one cell at a time on one "
                   "GPU (estimated). `deepinit reproduce TARGET --scale real|gpu` runs a suite's missing "
                   "cells.")

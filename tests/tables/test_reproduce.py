@@ -530,6 +530,60 @@ def test_status_counts_records_claims_and_time_left(tmp_path, monkeypatch, capsy
     assert "2/35" in out and "0/90" in out and "~6.5 h" in out and "…" not in out
 
 
+def test_time_left_comes_from_the_records_of_a_cells_arm_else_its_model_shape(tmp_path, monkeypatch, capsys):
+    """Width's cells differ ~6x in cost, so one figure per preset misplans: a cell without a record
+    is timed by the median record of its arm (other seeds), else by the whole-budget records of
+    its model shape (another method, same model.* settings), else by the preset's minutes; only
+    records from the same kind of device count, and a record's wall_s gains RECORD_UNTIMED_S."""
+    from runner.tables import suite
+    from runner.tables.plan import RECORD_UNTIMED_S, real_suite
+
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
+    cells = suite.plan("reproduce_width_real")
+
+    def pick(method, dim, layers, lr, seed):
+        return next(c for c in cells if c.arm["method"] == method and c.arm["model.dim"] == dim and
+                    c.arm["model.layers"] == layers and c.arm["optim.lr"] == lr and c.seed == seed)
+
+    def record(cell, wall_s, status="ok", device="cpu"):
+        return json.dumps({"arm": cell.arm, "overrides": cell.overrides, "seed": cell.seed, "status": status,
+                           "best_valid_loss": 4.0, "wall_s": wall_s, "machine": {"device": device}})
+
+    folder = tmp_path / "width" / "real"
+    folder.mkdir(parents=True)
+    (folder / "records.jsonl").write_text("\n".join([
+        record(pick("post_ln", "256", "6", "0.001", 1), 8000.0),
+        record(pick("post_ln", "256", "6", "0.001", 2), 9000.0),
+        record(pick("post_ln", "256", "6", "0.001", 3), 1000.0, status="diverged"),  # its arm's third seed
+        record(pick("post_ln", "64", "6", "0.001", 1), 1400.0),
+        record(pick("post_ln", "64", "6", "0.001", 2), 100.0, device="cuda:0"),  # a GPU's, not a CPU's
+    ]) + "\n")
+    real = real_suite(TARGETS["width"])
+    estimates = {(c.arm["method"], c.arm["model.dim"], c.arm["model.layers"], c.arm["optim.lr"], c.seed): e
+                 for c, e in zip(real.todo, real.estimates("cpu"))}
+    wide = [e for k, e in estimates.items() if k[:4] == ("pre_ln", "256", "6", "0.001")]
+    assert len(wide) == 3 and {e.source for e in wide} == {"shape"}
+    # Pre-LN at 256 wide: Post-LN's two whole-budget records there (the diverged one ended early)
+    assert {e.seconds for e in wide} == {8500.0 + RECORD_UNTIMED_S}
+    # Post-LN at 64 wide, lr 1e-3, seed 3: the one CPU record of its arm (the GPU's is no CPU time)
+    narrow = estimates[("post_ln", "64", "6", "0.001", 3)]
+    assert narrow.source == "arm" and narrow.seconds == 1400.0 + RECORD_UNTIMED_S
+    # 12+12 at 128 wide has no record of its shape: the preset's 70 minutes
+    deep = [e for k, e in estimates.items() if k[2] == "12"]
+    assert deep and all(e.source == "preset" and e.seconds == 70 * 60 for e in deep)
+    assert all(e.source != "arm" or e.seconds >= 1400 for e in estimates.values())
+    # on a GPU only the GPU's record times its arm
+    on_gpu = dict(zip([c.name for c in real.todo], real.estimates("cuda")))
+    assert on_gpu[pick("post_ln", "64", "6", "0.001", 3).name].seconds == 100.0 + RECORD_UNTIMED_S
+    assert reproduce_main(["width", "--scale", "real", "--dry-run", "--parallel", "1"]) == 0
+    out = capsys.readouterr().out
+    # 64 wide at lr 5e-4 (both methods) and Pre-LN at 64 and 256 wide share a recorded shape
+    assert ("from records of the same arm for 1, records of the same model shape for 12, the preset's "
+            "minutes per cell for 18)") in out
+    status = {r["target"]: r for r in real_tier_status(parallel=1)}["width"]
+    assert status["remaining_s"] == pytest.approx(sum(e.seconds for e in estimates.values()))
+
+
 def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
     assert reproduce_main(["all", "--scale", "real", "--dry-run", "--parallel", "2"]) == 0
