@@ -131,7 +131,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 import numpy as np
 from scipy import stats
@@ -629,26 +629,50 @@ def family_of(claim: Claim) -> str:
     return _label(claim.b or {})
 
 
-def judge_all(claims: Sequence[Claim], records: Sequence[Record], book: RuleBook | int | None = None
-              ) -> list[Verdict]:
+def judge_all(claims: Sequence[Claim], records: Sequence[Record], book: RuleBook | int | None = None,
+              waiting: Collection[str] = ()) -> list[Verdict]:
     """Every claim of one table judged under `book`; in rule book v2 the "better" claims tested
-    against the same baseline arm are one family whose p-values are Holm-corrected."""
+    against the same baseline arm are one family whose p-values are Holm-corrected.
+
+    `waiting`: the ids of claims whose arms still miss planned cells (a partial suite). Holm's
+    adjusted p of one member depends on the others' p-values, so a member whose own cells are all
+    in is still "incomplete" while its verdict could change with a waiting member's final p: its
+    verdict with every waiting member at p = 0 (or settled without a test, which v2 leaves out of
+    the family: the same adjusted p-values) differs from its verdict with them at p = 1. Holm's
+    adjusted p-values only grow as any p grows, so those two bound every outcome; where they agree
+    the verdict is final."""
     book = rulebook(CURRENT if book is None else book) if not isinstance(book, RuleBook) else book
     out = [judge(c, records, book) for c in claims]
     if book.better_test != "paired_t_holm":
         return out
     families: dict[str, list[int]] = {}
     for i, v in enumerate(out):
-        if v.claim.kind == "better" and "p" in v.details:
+        if v.claim.kind == "better" and ("p" in v.details or v.claim.id in waiting):
             families.setdefault(family_of(v.claim), []).append(i)
     for members in families.values():
-        adjusted = holm([out[i].details["p"] for i in members])
-        for i, p_adj in zip(members, adjusted):
-            v = out[i]
-            details = {**v.details, "p_holm": p_adj, "family_size": len(members)}
+        tested = [i for i in members if "p" in out[i].details]
+        adjusted = dict(zip(tested, holm([out[i].details["p"] for i in tested])))
+        unsettled = [i for i in members if claims[i].id in waiting]
+        # each member's adjusted p with every waiting member at p = 0 and at p = 1 (members: the
+        # tested ones and the waiting ones)
+        bounds = {extreme: dict(zip(members, holm([extreme if i in unsettled else out[i].details["p"]
+                                                   for i in members])))
+                  for extreme in (0.0, 1.0)} if unsettled else {}
+        for i in tested:
+            v, p_adj = out[i], adjusted[i]
+            details = {**v.details, "p_holm": p_adj, "family_size": len(tested)}
             measured = v.measured
-            if len(members) > 1:
+            if len(tested) > 1:
                 measured = measured.replace(f"one-sided p={v.details['p']:.3g}",
-                                            f"one-sided p={v.details['p']:.3g}, Holm over {len(members)}: {p_adj:.3g}")
-            out[i] = Verdict(v.claim, _better_verdict(details, p_adj, book), measured, details)
+                                            f"one-sided p={v.details['p']:.3g}, Holm over {len(tested)}: {p_adj:.3g}")
+            verdict = _better_verdict(details, p_adj, book)
+            if bounds and i not in unsettled:
+                low, high = (_better_verdict(details, bounds[x][i], book) for x in (0.0, 1.0))
+                if low != high:
+                    names = [claims[j].id for j in unsettled]
+                    measured = (f"its cells are all in, but its verdict turns on the Holm family's "
+                                f"{', '.join(names)}, which still misses cells ({low} or {high}); so far: {measured}")
+                    details = {**details, "provisional_verdict": verdict, "waits_for": names}
+                    verdict = "incomplete"
+            out[i] = Verdict(v.claim, verdict, measured, details)
     return out

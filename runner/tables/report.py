@@ -202,8 +202,9 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
                 "seeds, crosses on the top edge diverged or stalled cells.", ""]
                if transfer_panels(preset, []) else []),
              "## Claims (rules written in the preset before the run)", "",
-             "A verdict is final once every cell of the arms it compares has a record; until then "
-             "it reads \"incomplete\". A claim marked † was added later, for the reason given "
+             "A verdict is final once every cell of the arms it compares has a record (for a "
+             "Holm-corrected claim, once no claim of its family that misses cells could change it); "
+             "until then it reads \"incomplete\". A claim marked † was added later, for the reason given "
              "below the table; it stands beside the claims written before the run and replaces "
              "none of them. \"rule book v1\" gives the verdict under the first rules where it "
              "differs, with the reason below the table.", ""]

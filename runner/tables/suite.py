@@ -184,21 +184,27 @@ def _has_evidence(cell: SuiteCell, claim) -> bool:
 def verdicts(preset: str, cells: Sequence[SuiteCell], version: int = CURRENT) -> list[Verdict]:
     """Each claim judged on the records under rule book `version`; a claim whose arms still miss
     planned cells gets the verdict "incomplete" (what the finished cells show so far stays in
-    `measured`), so a partial suite never reads as a result."""
+    `measured`), so a partial suite never reads as a result; so does a "better" claim whose
+    verdict could still change with the p of a Holm family member that misses cells (judge_all's
+    `waiting`)."""
     claims = [claim_from_dict(raw) for raw in ((load_preset(preset).get("sweep") or {}).get("claims")) or []]
-    judged = judge_all(claims, evidence_records(cells, version), version)
-    out = []
-    for claim, verdict in zip(claims, judged):
+    progress = {}  # claim id -> (cells with evidence, cells its arms plan)
+    for claim in claims:
         selected = [c for c in cells  # an empty selector {} picks every cell
                     if any(selector_matches(c.arm, sel) for sel in (claim.a, claim.b) if sel is not None)]
         if claim.b is not None:  # two arms: a planned seed the other arm does not plan pairs with nothing
             seeds = [{c.seed for c in cells if selector_matches(c.arm, sel)} for sel in (claim.a, claim.b)]
             selected = [c for c in selected if c.seed in seeds[0] & seeds[1]]
-        done = sum(_has_evidence(c, claim) for c in selected)
-        if done < len(selected):
+        progress[claim.id] = (sum(_has_evidence(c, claim) for c in selected), len(selected))
+    waiting = {cid for cid, (done, planned) in progress.items() if done < planned}
+    judged = judge_all(claims, evidence_records(cells, version), version, waiting=waiting)
+    out = []
+    for claim, verdict in zip(claims, judged):
+        done, planned = progress[claim.id]
+        if done < planned:
             what = "trained and measured on their last checkpoint" if _reads_bleu_last(claim) else "trained"
             verdict = Verdict(claim, "incomplete",
-                              f"{done} of {len(selected)} cells {what}; so far: {verdict.measured}",
+                              f"{done} of {planned} cells {what}; so far: {verdict.measured}",
                               {**verdict.details, "provisional_verdict": verdict.verdict})
         out.append(verdict)
     return out

@@ -195,6 +195,39 @@ def test_holm_corrects_a_tables_comparisons_against_one_baseline():
     assert "family_size" in other[0].details and other[0].details["family_size"] == 1
 
 
+def test_a_holm_verdict_waits_while_a_family_member_misses_cells_only_if_it_could_change():
+    """Holm's adjusted p of one claim depends on its family's other p-values: with a member still
+    missing cells, a claim whose own cells are all in reads "incomplete" if its verdict with that
+    member at p = 0 differs from its verdict with it at p = 1, and keeps its verdict otherwise."""
+    base = [29.0, 30.0, 31.0, 30.0]
+    a = [29.8, 30.2, 31.5, 30.1]  # p_a = 0.043: reproduced alone, not with a member at p = 1 (2 * p_a > 0.05)
+    c = [30.0, 31.1, 31.9, 31.0]  # p_c ~ 0.0001: reproduced either way
+    records = _recs(A, a) + _recs(B, base) + _recs(C, c)
+    p_a = stats.ttest_rel(a, base, alternative="greater").pvalue
+    p_c = stats.ttest_rel(c, base, alternative="greater").pvalue
+    assert 0.025 < p_a < 0.05 and 2 * p_c < 0.05
+    D = {"method": "dsinit"}  # the waiting member: one seed so far
+    partial = records + _recs(D, [30.5], seeds=[1])
+    claims = [_better("a", A, B), _better("c", C, B), _better("d", D, B)]
+    judged = {v.claim.id: v for v in judge_all(claims, partial, waiting={"d"})}
+    # a: with d at p = 0, a ranks third and keeps p_a (reproduced); with d at p = 1, a ranks
+    # second of three and gets 2 * p_a (not)
+    low = holm([p_a, p_c, 0.0])[0]
+    high = holm([p_a, p_c, 1.0])[0]
+    assert (low < 0.05) != (high < 0.05)  # d's p decides a's verdict
+    assert judged["a"].verdict == "incomplete" and judged["a"].details["waits_for"] == ["d"]
+    assert "turns on the Holm family's d" in judged["a"].measured
+    assert judged["c"].verdict == "reproduced"  # 3 * p_c < 0.05: d cannot change it
+    # without the waiting mark the same records read final, from d's one-seed p (not tested: no p)
+    assert judge_all(claims, partial)[0].verdict != "incomplete"
+    # d complete and tested: the family's ordinary Holm, nothing waits
+    full = records + _recs(D, [29.1, 30.05, 31.0, 30.2])
+    done = judge_all(claims, full, waiting=set())
+    p_d = stats.ttest_rel([29.1, 30.05, 31.0, 30.2], base, alternative="greater").pvalue
+    assert [v.details["p_holm"] for v in done] == pytest.approx(holm([p_a, p_c, p_d]))
+    assert all(v.verdict != "incomplete" for v in done)
+
+
 def test_underpowered_when_the_papers_effect_is_below_the_detectable_one():
     a, b = [29.56, 29.88, 29.19], [29.50, 29.67, 29.67]
     claim = _better("c", A, B, paper_effect=0.32)
