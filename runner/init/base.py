@@ -48,7 +48,8 @@ class ModelSurface(Protocol):
     """What init schemes and diagnostics may use of a model (runner.model.seq2seq.Seq2Seq)."""
 
     cfg: Any  # the ModelConfig: dim, heads, num_encoder_layers, num_decoder_layers, ...
-    pad_index: int
+    pad_index: Optional[int]  # None: a language model's blocks have no padding
+    decoder_only: bool  # True: one causal stack (runner.model.lm.DecoderOnlyLM), no encoder
     training: bool
 
     def sublayers(self) -> Iterator[SublayerHandle]: ...

@@ -64,7 +64,7 @@ class DeepNorm(InitScheme):
 def apply_deepnorm(model, cfg) -> dict:
     fairseq_xavier(model, cfg)
     variant = cfg.init.deepnorm_variant
-    if getattr(cfg, "task", "translation") == "lm":
+    if model.decoder_only:  # the model, not cfg.task, says which of DeepNet's rows applies
         c = decoder_only_constants(model.cfg.num_decoder_layers)
     else:
         c = constants(model.cfg.num_encoder_layers, model.cfg.num_decoder_layers, variant)

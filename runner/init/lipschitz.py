@@ -79,12 +79,14 @@ def apply_lipschitz(model, cfg) -> dict:
         b = linear_bound(model.cfg.dim, scale)
         output = tables.pop("output")
         nn.init.uniform_(output, -b, b)
-        output[model.pad_index].zero_()  # the decoder's fix_init zeroes the classifier pad row
+        if model.pad_index is not None:  # the decoder's fix_init zeroes the classifier pad row
+            output[model.pad_index].zero_()
         bounds["output"] = b
     for role, weight in tables.items():
         b = embedding_bound(model.cfg.dim, weight.shape[0])
         nn.init.uniform_(weight, -b, b)
-        weight[model.pad_index].zero_()
+        if model.pad_index is not None:  # weight[None] would be the whole table
+            weight[model.pad_index].zero_()
         bounds[role] = b
     return {"rule": "Lipschitz-constrained init (Xu et al. 2020, Sec. 3) as hfxunlp/transformer "
                     "utils/init/base.py init_model_params_lipschitz",

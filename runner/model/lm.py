@@ -28,6 +28,7 @@ class DecoderOnlyLM(TransformerModel):
     # split transposed, and its backward's cat and reshapes copied them); `deepinit bench
     # --presets lm-nanogpt-cpu --reference`, docs/lm.md.
     cpu_matmul_attention_max_keys = 0
+    decoder_only = True
 
     def __init__(self, cfg: ModelConfig, norm: NormConfig, vocab: int, residual: ResidualSpec):
         super().__init__()

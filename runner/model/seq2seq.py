@@ -175,6 +175,7 @@ class TransformerModel(nn.Module):
     decoder: "Stack"
     output_weight: Optional[nn.Parameter]
     cfg: ModelConfig
+    decoder_only = False  # runner.model.lm.DecoderOnlyLM: True (init rules differ: DeepNet's Table 1)
 
     def start_dyt(self, norm: NormConfig) -> None:
         """DyT's alpha starts at norm.dyt_alpha in every DyT the model holds (its reset value too)."""

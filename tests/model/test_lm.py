@@ -94,9 +94,14 @@ def test_gpt2_init_draws_nanogpt_stds():
     assert model.embedding_tables()["decoder"].std().item() == pytest.approx(0.02, rel=0.03)
 
 
-def test_deepnorm_uses_the_decoder_only_constants():
+@pytest.mark.parametrize("task", ["lm", "translation"])
+def test_deepnorm_uses_the_decoder_only_constants(task):
+    """The model, not cfg.task, picks DeepNet's row: an LM composed under another task still gets
+    the decoder-only constants (the encoder-decoder decoder's would be 1.861 and 0.380 at 4 layers)."""
     layers = 4
-    model = built(lm_config("post", layers=layers, init="deepnorm", dim=256, ffn_dim=1024))
+    cfg = lm_config("post", layers=layers, init="deepnorm", dim=256, ffn_dim=1024)
+    cfg.task = task
+    model = built(cfg)
     alpha, beta = (2 * layers) ** 0.25, (8 * layers) ** -0.25  # DeepNet Table 1, decoder-only row
     for ref in model.sublayers():
         assert torch.allclose(ref.module.omega, torch.full_like(ref.module.omega, alpha))
@@ -106,7 +111,17 @@ def test_deepnorm_uses_the_decoder_only_constants():
         assert fc2.weight.std().item() == pytest.approx(xavier_normal_std, rel=0.03)
 
 
-@pytest.mark.parametrize("scheme", ["tfixup", "admin", "admin_torch", "lipschitz"])
+def test_lipschitz_on_a_model_without_padding_keeps_its_embedding_table():
+    """A language model has no pad row (pad_index None), and weight[None] is the whole table:
+    Lipschitz init, which refuses task=lm, must still not zero the table when applied directly."""
+    model = built(lm_config("pre", init="lipschitz"))
+    table = model.embedding_tables()["decoder"]
+    assert torch.count_nonzero(table) == table.numel()
+    bound = math.sqrt(2.0 / (32 + VOCAB))  # Glorot-uniform with gain sqrt(1/3): sqrt(6 / 3 / (d + V))
+    assert 0.9 * bound < table.abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("scheme", ["tfixup", "admin", "admin_torch", "lipschitz", "rezero_postln"])
 def test_schemes_without_a_decoder_only_rule_refuse_the_task(scheme):
     cfg = lm_config("post", init=scheme)
     with pytest.raises(ConfigError) as err:
