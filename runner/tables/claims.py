@@ -69,7 +69,9 @@ class Verdict:
     """The verdict on one claim, with one line of what was measured and the numbers behind it."""
 
     claim: Claim
-    verdict: str  # "reproduced" | "not reproduced" | "inconclusive" | "not run"
+    # "reproduced" | "not reproduced" | "inconclusive" | "underpowered" (rule book v2) | "not run";
+    # runner.tables.suite.verdicts adds "incomplete" for a suite still missing cells
+    verdict: str
     measured: str
     details: dict = field(default_factory=dict)
 

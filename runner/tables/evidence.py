@@ -3,9 +3,9 @@ runner/tables/statistics.py; claims and records: runner/tables/claims.py).
 
 Each trained cell (one seed of one arm) is a `Record`; a paper's claim is a `Claim` (written in a
 YAML file before the runs, hence "pre-registered"); `judge` turns a claim and the records into a
-`Verdict`: "reproduced", "not reproduced", "inconclusive" or "not run", with one line of numbers
-saying what was measured. The rules below are fixed in advance so that a verdict cannot be chosen
-after seeing the numbers.
+`Verdict`: "reproduced", "not reproduced", "inconclusive", "underpowered" (rule book v2) or "not
+run", with one line of numbers saying what was measured. The rules below are fixed in advance so
+that a verdict cannot be chosen after seeing the numbers.
 
 Statistics
     Mean, sample standard deviation (ddof=1) and the Student-t 95% confidence interval of the mean
@@ -36,12 +36,13 @@ Decision rules (`judge`)
        reproduced when none did; inconclusive otherwise. Measured: "k of n seeds diverged".
 
     "trains" (A trains): reproduced when every cell of A trained (none diverged, collapsed,
-       stalled or fell below the BLEU bar; v1: none diverged or stalled); not reproduced when
-       none did; inconclusive otherwise.
+       stalled or fell below the BLEU bar of a decoding suite; v1: none diverged or stalled); not
+       reproduced when none did; inconclusive otherwise.
 
-    "fails_to_train" (A fails: every cell diverged or stalled; the complement of "trains", for a
-       paper whose "failed" does not say whether the loss blew up or plateaued): reproduced when
-       every cell of A diverged or stalled; not reproduced when none did; inconclusive otherwise.
+    "fails_to_train" (A fails: every cell did not train; the complement of "trains", for a paper
+       whose "failed" does not say whether the loss blew up or plateaued): reproduced when no
+       cell of A trained (v2: each diverged, collapsed, stalled or fell below the BLEU bar; v1:
+       diverged or stalled); not reproduced when every cell did; inconclusive otherwise.
 
     `min_bleu` (rule book v1 only; v2 applies one bar to every decoding suite) ("trains" and
        "fails_to_train" only; optional): the lowest final BLEU (tok) at which
@@ -64,7 +65,8 @@ Decision rules (`judge`)
        up, there is nothing to compare: inconclusive.
 
     "more_failed" (A fails in more of its cells than B): "more_diverged" with a cell counted as
-       failed when it diverged or stalled, for a model size at which a setting that does not
+       failed when it did not train (v2: diverged, collapsed, stalled or below the BLEU bar; v1:
+       diverged or stalled), for a model size at which a setting that does not
        train plateaus rather than blows up (the complement of "more_diverged", as
        "fails_to_train" is of "diverges").
 
@@ -148,7 +150,7 @@ from runner.tables.claims import (
     Verdict,
     selector_matches,
 )
-from runner.tables.rulebook import CURRENT, NOT_TRAINED, RuleBook, rulebook
+from runner.tables.rulebook import BELOW_BAR, CURRENT, NOT_TRAINED, RuleBook, rulebook
 from runner.tables.statistics import (
     bootstrap_mean_ci,
     detectable_variance_ratio,
@@ -252,8 +254,10 @@ def _not_trained(claim: Claim, a: Sequence[Record], book: RuleBook) -> tuple[int
         if claim.bleu_metric != book.scored_bleu and book.bleu_bar is not None:
             # a claim written about another checkpoint (the last one) meets the same bar there
             a = [_rebarred(r, claim.bleu_metric, book.bleu_bar) for r in a]
-        counts = {s: sum(r.status == s for r in a) for s in NOT_TRAINED}
-        words = _count_words(a, NOT_TRAINED)
+        # a suite that does not decode has no BLEU bar (its book's bleu_bar is None): no count of it
+        statuses = NOT_TRAINED if book.bleu_bar is not None else tuple(s for s in NOT_TRAINED if s != BELOW_BAR)
+        counts = {s: sum(r.status == s for r in a) for s in statuses}
+        words = _count_words(a, statuses)
         if book.bleu_bar is not None:
             words = words.replace("below bar", f"below {book.bleu_bar:g} BLEU"
                                   + (" of the last checkpoint" if claim.bleu_metric == "bleu_last" else ""))

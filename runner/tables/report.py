@@ -32,8 +32,8 @@ from runner.tables.suite import (
 BLEU_LAST_NOTE = ("BLEU last ckpt: the tokenized BLEU of each ok seed's last checkpoint alone "
                   "(trainer.final_bleu_last, or measured afterwards: last-checkpoint-bleu.jsonl), beside "
                   "BLEU (tok) of the last 5 checkpoints averaged; '-' unless every ok seed of the arm has it.")
-SLOPE_NOTE = ("slope: change of the validation loss per 1,000 updates over each run's last 400 updates (mean "
-              "over the arm's ok seeds); near 0 when the curve has flattened.")
+SLOPE_NOTE = ("slope: change of the validation loss per 1,000 updates from each run's last validation at least "
+              "400 updates before its end (mean over the arm's ok seeds); near 0 when the curve has flattened.")
 
 
 def _summary_text(s: Summary, spec: str) -> str:
@@ -207,11 +207,13 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              "until then it reads \"incomplete\". A claim marked † was added later, for the reason given "
              "below the table; it stands beside the claims written before the run and replaces "
              "none of them. \"rule book v1\" gives the verdict under the first rules where it "
-             "differs, with the reason below the table.", ""]
+             "differs, with the reason below the table ('-': a kind of claim the first rules had no "
+             "rule for).", ""]
     judged = verdicts(preset, cells)
-    old = verdicts(preset, cells, version=1)
+    old = [o if v1_has_rule(o.claim) else v for v, o in zip(judged, verdicts(preset, cells, version=1))]
     rows = [[v.claim.id + (" †" if v.claim.added else ""), v.claim.text, v.measured, f"**{v.verdict}**",
-             "same" if o.verdict == v.verdict else o.verdict] for v, o in zip(judged, old)]
+             "-" if not v1_has_rule(v.claim) else "same" if o.verdict == v.verdict else o.verdict]
+            for v, o in zip(judged, old)]
     lines += [markdown_table(["claim", "paper", "measured", "verdict", "rule book v1"], rows)
               if rows else "(none)", ""]
     changed = [f"- {v.claim.id}: {o.verdict} under v1, {v.verdict} now: {change_reason(o, v)}"
@@ -226,6 +228,12 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
     if any(v.claim.added for v in judged):
         lines.append("")
     return "\n".join(lines)
+
+
+def v1_has_rule(claim) -> bool:
+    """Whether rule book v1 decides this kind of claim: equivalence, spread and loss-spike claims
+    were written with version 2 (for the language-model tier) and have no v1 reading."""
+    return claim.kind not in ("matches", "less_spread") and claim.metric != "loss_spikes"
 
 
 MEAN_WORDS = ("mean ± std over seeds [95% Student-t CI of the mean]; seeds that diverged, collapsed or "

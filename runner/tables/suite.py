@@ -11,6 +11,7 @@ the cells that have no record yet. The preset's `sweep.claims` are the pre-regis
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,7 +198,10 @@ def verdicts(preset: str, cells: Sequence[SuiteCell], version: int = CURRENT) ->
             selected = [c for c in selected if c.seed in seeds[0] & seeds[1]]
         progress[claim.id] = (sum(_has_evidence(c, claim) for c in selected), len(selected))
     waiting = {cid for cid, (done, planned) in progress.items() if done < planned}
-    judged = judge_all(claims, evidence_records(cells, version), version, waiting=waiting)
+    book = rulebook(version)
+    if not suite_decodes(cells):  # validation loss only: no BLEU bar applies (rule book v2)
+        book = dataclasses.replace(book, bleu_bar=None)
+    judged = judge_all(claims, evidence_records(cells, version), book, waiting=waiting)
     out = []
     for claim, verdict in zip(claims, judged):
         done, planned = progress[claim.id]

@@ -455,3 +455,39 @@ def test_ranking_agreement_between_two_tasks(first, second, expected):
     from runner.tables.rulebook import ranking_agreement
     assert ranking_agreement(first, second) == expected
     assert ranking_agreement(second, first) == expected
+
+
+def test_a_suite_that_does_not_decode_counts_no_cell_below_a_bleu_bar():
+    """Width scores validation loss only: its claims' lines count diverged, collapsed and stalled
+    cells, and no BLEU bar (rule book v2: no bar applies where nothing is decoded); a decoding
+    suite's lines keep the count."""
+    from runner.tables import suite
+
+    cells = suite.plan("reproduce_width_real")
+    for cell in cells:
+        if cell.arm["method"] == "post_ln" and cell.arm["model.dim"] == "64" and cell.arm["optim.lr"] == "0.001":
+            cell.record = {"status": "ok", "best_valid_loss": 3.4, "valid_loss": 3.4, "bleu": None,
+                           "valid_unigram_nll": 5.6, "valid_curve": [[200, 5.0], [2000, 3.4]]}
+    judged = {v.claim.id: v for v in suite.verdicts("reproduce_width_real", cells)}
+    line = judged["post_ln_fails_6l_w64_lr1e-3"].measured
+    assert "0 diverged, 0 collapsed, 0 stalled" in line and "BLEU" not in line
+    table2 = suite.plan("reproduce_table2_real")
+    for cell in table2:
+        if cell.arm["method"] == "pre_ln" and cell.arm["warmup.updates"] == "0":
+            cell.record = {"status": "ok", "best_valid_loss": 3.0, "valid_loss": 3.0, "bleu": 30.0,
+                           "valid_unigram_nll": 5.6, "valid_curve": [[200, 5.0], [2000, 3.0]]}
+    decoded = [v.measured for v in suite.verdicts("reproduce_table2_real", table2) if "method=pre_ln" in v.measured]
+    assert any("0 below 10 BLEU" in m for m in decoded)
+
+
+def test_claims_the_first_rule_book_had_no_rule_for_show_no_v1_verdict():
+    """The language-model tier's equivalence, spread and spike claims were written with rule book
+    v2: its report's "rule book v1" column reads "-" for them, not "same"."""
+    from runner.tables import suite
+    from runner.tables.report import render
+
+    text = render("lm", "LM", "reproduce_lm_real", suite.plan("reproduce_lm_real"))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    for cid in ("peri_ln_fewer_spikes", "peri_ln_less_spread", "dyt_matches_layernorm"):
+        assert rows[cid].rstrip(" |").endswith("| -"), rows[cid]
+    assert rows["post_ln_fails_24l"].rstrip(" |").endswith("| same")
