@@ -150,7 +150,7 @@ from runner.tables.claims import (
     Verdict,
     selector_matches,
 )
-from runner.tables.rulebook import BELOW_BAR, CURRENT, NOT_TRAINED, RuleBook, rulebook
+from runner.tables.rulebook import BELOW_BAR, COUNT_METRICS, CURRENT, NOT_TRAINED, RuleBook, rulebook
 from runner.tables.statistics import (
     bootstrap_mean_ci,
     detectable_variance_ratio,
@@ -446,10 +446,17 @@ def _judge_less_spread(claim: Claim, a: Sequence[Record], b: Sequence[Record], b
 
 
 def _seed_pairs(diffs: Sequence[tuple[int, float]]) -> str:
-    return ", ".join(f"seed {seed} {_signed(d)}" for seed, d in diffs)
+    return ", ".join(f"seed {seed} {_signed(d + 0.0)}" for seed, d in diffs)  # + 0.0: -0.0 reads 0
 
 
-def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook) -> Verdict:
+def _power_alpha(book: RuleBook, family_size: int) -> float:
+    """The level the detectable effect and the seeds needed are computed at: alpha (v2), or alpha
+    over the family's size (v3: the level Holm tests the smallest p at)."""
+    return book.alpha / max(1, family_size) if book.power_level == "family" else book.alpha
+
+
+def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook,
+                  family_size: int = 1) -> Verdict:
     pairs, details, bad_line, settled = _bad_cells(claim, a, b, book)
     if settled is not None:
         return Verdict(claim, settled, bad_line, details)
@@ -477,15 +484,24 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
 
     s = summarize(values, level=book.level)
     assert s.mean is not None and s.std is not None and s.ci_low is not None and s.ci_high is not None
+    power_alpha = _power_alpha(book, family_size)
+    if book.count_test == "sign" and claim.metric in COUNT_METRICS:
+        return _judge_better_count(claim, diffs, details, book, power_alpha, head, lower, suffix)
     p = paired_t_test(values)
     details.update({"mean_diff": s.mean, "std_diff": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high,
                     "level": book.level, "higher_is_better": claim.higher_is_better, "p": p,
                     "pairs_favouring_a": favour, "diffs": {str(seed): d for seed, d in diffs}})
-    mde = min_detectable_effect(s.std, s.n, book.alpha, book.power) if s.std > 0 else 0.0
+    at = "" if power_alpha == book.alpha else f" at alpha {power_alpha:.3g}"
+    if s.std > 0:
+        mde = min_detectable_effect(s.std, s.n, power_alpha, book.power)
+        power_words = f"detectable at {book.power:.0%} power{at}: {_signed(mde).lstrip('+')}"
+    else:  # every pair differs by the same amount: no spread to size an effect by
+        mde = None if book.power_level == "family" else 0.0
+        power_words = f"detectable at {book.power:.0%} power{at}: " + ("n/a (no spread)" if mde is None else
+                                                                        _signed(mde).lstrip('+'))
     details["mde"] = mde
-    power_words = f"detectable at {book.power:.0%} power: {_signed(mde).lstrip('+')}"
     if claim.paper_effect is not None:
-        needed = pairs_needed(s.std, claim.paper_effect, book.alpha, book.power) if s.std > 0 else s.n
+        needed = pairs_needed(s.std, claim.paper_effect, power_alpha, book.power) if s.std > 0 else s.n
         details.update({"paper_effect": claim.paper_effect, "pairs_needed": needed})
         power_words += (f"; paper's effect {_signed(claim.paper_effect).lstrip('+')} needs "
                         + (f"{needed} seeds" if needed is not None else "more than 200 seeds"))
@@ -497,14 +513,37 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
     return Verdict(claim, verdict, measured, details)
 
 
+def _judge_better_count(claim: Claim, diffs: Sequence[tuple[int, float]], details: dict, book: RuleBook,
+                        power_alpha: float, head: str, lower: str, suffix: str) -> Verdict:
+    """Rule book v3's "better" on a count (loss spikes): the exact one-sided sign test over the
+    seed pairs, ties left out (scipy.stats.binomtest)."""
+    wins, losses = sum(d > 0 for _, d in diffs), sum(d < 0 for _, d in diffs)
+    untied = wins + losses
+    p = float(stats.binomtest(wins, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
+    p_reverse = float(stats.binomtest(losses, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
+    best_p = 0.5 ** len(diffs)  # every pair favouring A
+    details.update({"test": "sign", "p": p, "p_reverse": p_reverse, "wins": wins, "losses": losses,
+                    "best_p": best_p, "power_alpha": power_alpha, "higher_is_better": claim.higher_is_better,
+                    "pairs_favouring_a": wins, "diffs": {str(seed): d for seed, d in diffs}})
+    measured = (f"{head} {claim.metric} over {len(diffs)} paired seeds{lower} ({_seed_pairs(diffs)}): "
+                f"{wins} favour A, {losses} favour B, {len(diffs) - untied} tied; one-sided sign test "
+                f"p={p:.3g}; the smallest p {len(diffs)} pairs can give: {best_p:.3g}{suffix}")
+    return Verdict(claim, _better_verdict(details, p, book), measured, details)
+
+
 def _better_verdict(details: Mapping[str, Any], p_adjusted: float, book: RuleBook) -> str:
-    """Rule book v2's "better" verdict from the (Holm-adjusted) p and the interval and power."""
+    """Rule book v2's and v3's "better" verdict from the (Holm-adjusted) p and the interval and
+    power (v3's sign test on counts: the reverse test and the smallest p the pairs can give)."""
     if p_adjusted < book.alpha:
         return "reproduced"
+    if details.get("test") == "sign":
+        if details["p_reverse"] < book.alpha:
+            return "not reproduced"
+        return "underpowered" if details["best_p"] >= details["power_alpha"] else "inconclusive"
     if details["ci_high"] < 0:
         return "not reproduced"
-    effect = details.get("paper_effect")
-    if effect is not None and effect < details["mde"]:
+    effect, mde = details.get("paper_effect"), details.get("mde")
+    if effect is not None and mde is not None and effect < mde:
         return "underpowered"
     return "inconclusive"
 
@@ -583,11 +622,13 @@ def _judge_same_best(claim: Claim, a: Sequence[Record], book: RuleBook) -> Verdi
     return Verdict(claim, verdict, measured, {**details, "spread_steps": spread, "at_edge": at_edge})
 
 
-def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None = None) -> Verdict:
+def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None = None,
+          family_size: int = 1) -> Verdict:
     """The verdict on `claim` from `records` under rule book `book` (default: the current one).
 
     The records' statuses must already carry the book's outcomes (runner/tables/rulebook.py `outcome`).
-    A "better" claim judged alone is its own family; `judge_all` corrects a table's family."""
+    A "better" claim judged alone is its own family; `judge_all` corrects a table's family (and
+    passes its size, at which rule book v3 computes the detectable effect)."""
     book = rulebook(CURRENT if book is None else book) if not isinstance(book, RuleBook) else book
     if claim.kind not in KINDS:
         raise ValueError(f"claim {claim.id!r}: unknown kind {claim.kind!r}; known: {list(KINDS)}")
@@ -624,7 +665,7 @@ def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None =
         return _judge_matches(claim, a, b, book)
     if claim.kind == "less_spread":
         return _judge_less_spread(claim, a, b, book)
-    return _judge_better(claim, a, b, book)
+    return _judge_better(claim, a, b, book, family_size)
 
 
 def family_of(claim: Claim) -> str:
@@ -635,40 +676,54 @@ def family_of(claim: Claim) -> str:
 
 def judge_all(claims: Sequence[Claim], records: Sequence[Record], book: RuleBook | int | None = None,
               waiting: Collection[str] = ()) -> list[Verdict]:
-    """Every claim of one table judged under `book`; in rule book v2 the "better" claims tested
-    against the same baseline arm are one family whose p-values are Holm-corrected.
+    """Every claim of one table judged under `book`; from rule book v2 the "better" claims against
+    the same baseline arm are one family whose p-values are Holm-corrected (v2: the members that
+    reached a test; v3: every planned member, one settled without a test at p = 0 when reproduced,
+    else p = 1).
 
     `waiting`: the ids of claims whose arms still miss planned cells (a partial suite). Holm's
     adjusted p of one member depends on the others' p-values, so a member whose own cells are all
     in is still "incomplete" while its verdict could change with a waiting member's final p: its
-    verdict with every waiting member at p = 0 (or settled without a test, which v2 leaves out of
-    the family: the same adjusted p-values) differs from its verdict with them at p = 1. Holm's
-    adjusted p-values only grow as any p grows, so those two bound every outcome; where they agree
-    the verdict is final."""
+    verdict with every waiting member at p = 0 (or, in v2, settled without a test, which v2 leaves
+    out of the family: the same adjusted p-values) differs from its verdict with them at p = 1.
+    Holm's adjusted p-values only grow as any p grows, so those two bound every outcome; where they
+    agree the verdict is final."""
     book = rulebook(CURRENT if book is None else book) if not isinstance(book, RuleBook) else book
-    out = [judge(c, records, book) for c in claims]
+    planned: dict[str, list[int]] = {}
+    for i, c in enumerate(claims):
+        if c.kind == "better":
+            planned.setdefault(family_of(c), []).append(i)
+    size = {i: len(members) for members in planned.values() for i in members}
+    out = [judge(c, records, book, size.get(i, 1) if book.holm_family == "planned" else 1)
+           for i, c in enumerate(claims)]
     if book.better_test != "paired_t_holm":
         return out
-    families: dict[str, list[int]] = {}
-    for i, v in enumerate(out):
-        if v.claim.kind == "better" and ("p" in v.details or v.claim.id in waiting):
-            families.setdefault(family_of(v.claim), []).append(i)
-    for members in families.values():
+    for members in planned.values():
+        if book.holm_family == "tested":  # v2: the members with a test, and the waiting ones
+            members = [i for i in members if "p" in out[i].details or claims[i].id in waiting]
+        if not members:
+            continue
+
+        def p_of(i: int) -> float:  # v3: a member settled without a test enters at p = 0 or 1
+            return out[i].details.get("p", 0.0 if out[i].verdict == "reproduced" else 1.0)
+
         tested = [i for i in members if "p" in out[i].details]
-        adjusted = dict(zip(tested, holm([out[i].details["p"] for i in tested])))
+        counted = tested if book.holm_family == "tested" else members
+        adjusted = dict(zip(counted, holm([p_of(i) for i in counted])))
         unsettled = [i for i in members if claims[i].id in waiting]
-        # each member's adjusted p with every waiting member at p = 0 and at p = 1 (members: the
-        # tested ones and the waiting ones)
-        bounds = {extreme: dict(zip(members, holm([extreme if i in unsettled else out[i].details["p"]
-                                                   for i in members])))
+        # each member's adjusted p with every waiting member at p = 0 and at p = 1
+        bounds = {extreme: dict(zip(members, holm([extreme if i in unsettled else p_of(i) for i in members])))
                   for extreme in (0.0, 1.0)} if unsettled else {}
         for i in tested:
             v, p_adj = out[i], adjusted[i]
-            details = {**v.details, "p_holm": p_adj, "family_size": len(tested)}
+            details = {**v.details, "p_holm": p_adj, "family_size": len(counted)}
             measured = v.measured
-            if len(tested) > 1:
+            if len(counted) > 1:
                 measured = measured.replace(f"one-sided p={v.details['p']:.3g}",
-                                            f"one-sided p={v.details['p']:.3g}, Holm over {len(tested)}: {p_adj:.3g}")
+                                            f"one-sided p={v.details['p']:.3g}, Holm over {len(counted)}: {p_adj:.3g}")
+                measured = measured.replace(f"one-sided sign test p={v.details['p']:.3g}",
+                                            f"one-sided sign test p={v.details['p']:.3g}, Holm over "
+                                            f"{len(counted)}: {p_adj:.3g}")
             verdict = _better_verdict(details, p_adj, book)
             if bounds and i not in unsettled:
                 low, high = (_better_verdict(details, bounds[x][i], book) for x in (0.0, 1.0))

@@ -14,7 +14,7 @@ from runner.files import atomic_write_text
 from runner.sweep.report import markdown_table
 from runner.tables.claims import Verdict
 from runner.tables.plots import grid_axes, plot_curves, plot_grid, plot_transfer, transfer_panels
-from runner.tables.rulebook import blow_up_cause, describe, rulebook
+from runner.tables.rulebook import CURRENT, blow_up_cause, describe, rulebook
 from runner.tables.statistics import Summary, summarize
 from runner.tables.suite import (
     SuiteCell,
@@ -208,7 +208,7 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              "below the table; it stands beside the claims written before the run and replaces "
              "none of them. \"rule book v1\" gives the verdict under the first rules where it "
              "differs, with the reason below the table ('-': a kind of claim the first rules had no "
-             "rule for).", ""]
+             "rule for); a verdict that version 2 read differently is listed there too.", ""]
     judged = verdicts(preset, cells)
     old = [o if v1_has_rule(o.claim) else v for v, o in zip(judged, verdicts(preset, cells, version=1))]
     rows = [[v.claim.id + (" †" if v.claim.added else ""), v.claim.text, v.measured, f"**{v.verdict}**",
@@ -218,6 +218,9 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
               if rows else "(none)", ""]
     changed = [f"- {v.claim.id}: {o.verdict} under v1, {v.verdict} now: {change_reason(o, v)}"
                for v, o in zip(judged, old) if o.verdict != v.verdict]
+    if CURRENT > 2:
+        changed += [f"- {v.claim.id}: {o.verdict} under v2, {v.verdict} now: {change_reason_v2(o, v)}"
+                    for v, o in zip(judged, verdicts(preset, cells, version=2)) if o.verdict != v.verdict]
     if changed:
         lines += ["Verdicts that changed with the rule book:", "", *changed, ""]
     reasons: dict[str, list[str]] = {}  # claims added for one reason share its line
@@ -267,6 +270,23 @@ def change_reason(old: Verdict, new: Verdict) -> str:
         return (prefix + f"v2 also asks each seed's own best to be the shared best; "
                 f"{d.get('seeds_agreeing', 0)} of {len(d.get('per_seed_best', {}))} seeds agree.")
     return prefix + "v2 reads the cells' outcomes under its own definitions."
+
+
+def change_reason_v2(old: Verdict, new: Verdict) -> str:
+    """One sentence on why a "better" claim's verdict differs between rule book v2 (`old`) and v3."""
+    d, o = new.details, old.details
+    prefix = "(provisional) " if "incomplete" in (new.verdict, old.verdict) else ""
+    parts = []
+    if d.get("test") == "sign":
+        parts.append(f"v3 compares the counts by the exact sign test (p={d['p']:.3g}; the smallest p "
+                     f"{len(d.get('diffs', {}))} pairs can give is {d['best_p']:.3g}), v2 by the paired t-test")
+    if d.get("family_size") != o.get("family_size"):
+        parts.append(f"v3's Holm family is every planned claim against the baseline ({d.get('family_size')}), "
+                     f"v2's only those that reached a test ({o.get('family_size')})")
+    if d.get("mde") is not None and o.get("mde") is not None and d["mde"] != o["mde"]:
+        parts.append(f"v3 sizes the detectable effect at alpha over the family ({d['mde']:.2f}), "
+                     f"v2 at alpha ({o['mde']:.2f})")
+    return prefix + ("; ".join(parts) or "v3 changes how a family's claims are corrected and powered") + "."
 
 
 def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],

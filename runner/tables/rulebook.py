@@ -15,7 +15,7 @@ Version 1 (the rules the first reports used):
     - "better": reproduced when the bootstrap interval of the paired difference lies above 0.
     - "same_best": the best setting of the seed-averaged metric, with no uncertainty.
 
-Version 2 (current):
+Version 2:
     - Outcome of a cell, first match wins:
         diverged   as recorded by the run (the training-loss rule above, unchanged);
         collapsed  the validation loss ends more than `collapse_margin` nats above its best and
@@ -76,6 +76,22 @@ Version 2 (current):
                      worse, or one fails and the other does not; "detected in one task only"
                      when one is better or worse and the other shows no difference;
                      "undecided" while either is incomplete.
+
+Version 3 (current): version 2, with three changes to "better" claims, written before any claim
+they change was final (the language-model tier's spike claim and Table 2's Admin claim were
+"incomplete"; no finished suite's verdict changes):
+    - The Holm family is the table's planned "better" claims against one baseline, whatever their
+      outcome: a claim settled by the count of cells that did not train (no t-test) enters with
+      p = 0 when reproduced and p = 1 otherwise. Version 2 left settled claims out, which is p = 0
+      for all of them: a claim whose own arm failed made the others' correction smaller.
+    - The minimum detectable effect and the seeds a paper's effect needs are computed at
+      alpha / m for a family of m claims (the level Holm tests the smallest p at), not at alpha:
+      what the corrected test can detect, not what one uncorrected test could.
+    - A count (loss spikes per run) is compared by the exact one-sided sign test over the seed
+      pairs (ties left out), not the t-test: with 3 pairs each one spike apart the t-test's p is
+      0 (no spread), the sign test's 1/8. Not reproduced when the reverse sign test rejects;
+      "underpowered" when even every pair favouring A could not reach alpha / m (3 pairs: the
+      smallest p is 1/8); else inconclusive.
 """
 from __future__ import annotations
 
@@ -113,6 +129,16 @@ class RuleBook:
     # 50-update log to the next after update 1,000 (largest rise 0.019), so 0.3 is a rise noise
     # does not make at any log interval down to a few updates
     spike_margin: float = 0.3
+    # "better" claims' Holm family: "tested" (v2: the members that reached a t-test; one settled by
+    # the count of cells that did not train is left out) or "planned" (v3: every "better" claim of
+    # the table against the same baseline, a settled one at p = 0 when reproduced, else p = 1)
+    holm_family: str = "tested"
+    # the level the minimum detectable effect and the seeds needed are computed at: "alpha" (v2)
+    # or "family" (v3: alpha / the family's size, the level Holm's first step tests at)
+    power_level: str = "alpha"
+    # "better" on a count (loss spikes): "t" (v2: the paired t-test) or "sign" (v3: the exact
+    # one-sided sign test over the seed pairs, scipy.stats.binomtest)
+    count_test: str = "t"
 
 
 RULEBOOKS: dict[int, RuleBook] = {
@@ -124,8 +150,13 @@ RULEBOOKS: dict[int, RuleBook] = {
     # in table2) and far above the noise between two evaluations of one run.
     2: RuleBook(version=2, interval="t", better_test="paired_t_holm", bleu_bar=10.0,
                 collapse_margin=0.5, same_best_per_seed=True),
+    3: RuleBook(version=3, interval="t", better_test="paired_t_holm", bleu_bar=10.0,
+                collapse_margin=0.5, same_best_per_seed=True, holm_family="planned",
+                power_level="family", count_test="sign"),
 }
-CURRENT = 2
+CURRENT = 3
+# the metrics that count events: integers a t-test's normal model does not fit
+COUNT_METRICS = ("loss_spikes",)
 
 
 def rulebook(version: int = CURRENT) -> RuleBook:
@@ -201,7 +232,10 @@ def describe(book: RuleBook) -> str:
             f"{book.level:.0%} intervals (paired by seed for differences). \"better\" is a one-sided "
             f"paired t-test at alpha {book.alpha:g}, Holm-corrected over a table's claims against the "
             f"same baseline; a claim whose paper-sized effect is below the minimum detectable effect "
-            f"at {book.power:.0%} power reads \"underpowered\".")
+            f"at {book.power:.0%} power reads \"underpowered\"."
+            + (" The family is every such claim the table plans (a claim settled without a test at "
+               "p = 0 or 1); the detectable effect is at alpha over the family's size; counts (loss "
+               "spikes) are compared by the exact sign test." if book.holm_family == "planned" else ""))
 
 
 def loss_spikes(curve: Sequence[Sequence[float]], margin: float) -> Optional[int]:

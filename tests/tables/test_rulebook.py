@@ -420,13 +420,56 @@ def test_loss_spikes_count_runs_above_the_lowest_earlier_loss():
 
 
 def test_fewer_spikes_is_a_better_claim_on_the_loss_spikes_metric():
+    """v2 compared spike counts by the paired t-test; v3 by the exact one-sided sign test, whose
+    smallest p with 3 pairs is 1/8, so 3 seeds cannot show it ("underpowered"), and 5 pairs
+    favouring A (p = 1/32) can."""
     peri = {"method": "peri_ln"}
     claim = claim_from_dict({"id": "f", "text": "t", "kind": "better", "a": peri, "b": LN,
                              "metric": "loss_spikes", "higher_is_better": False})
-    v = judge(claim, _lm_recs(peri, [0.0, 0.0, 1.0], metric="loss_spikes")
-              + _lm_recs(LN, [3.0, 4.0, 4.0], metric="loss_spikes"))
-    assert v.verdict == "reproduced"
-    assert v.details["p"] == pytest.approx(stats.ttest_rel([3.0, 4.0, 4.0], [0.0, 0.0, 1.0], alternative="greater").pvalue)
+    records = _lm_recs(peri, [0.0, 0.0, 1.0], metric="loss_spikes") + _lm_recs(LN, [3.0, 4.0, 4.0], metric="loss_spikes")
+    v2 = judge(claim, records, 2)
+    assert v2.verdict == "reproduced"
+    assert v2.details["p"] == pytest.approx(stats.ttest_rel([3.0, 4.0, 4.0], [0.0, 0.0, 1.0], alternative="greater").pvalue)
+    v3 = judge(claim, records, 3)
+    assert v3.details["p"] == pytest.approx(1 / 8) and v3.details["best_p"] == pytest.approx(1 / 8)
+    assert v3.verdict == "underpowered" and "3 favour A, 0 favour B, 0 tied" in v3.measured
+    # one spike apart in every pair: the t-test has no spread (p = 0 under v2), the sign test 1/8
+    even = _lm_recs(peri, [0.0, 0.0, 0.0], metric="loss_spikes") + _lm_recs(LN, [1.0, 1.0, 1.0], metric="loss_spikes")
+    assert judge(claim, even, 2).verdict == "reproduced" and judge(claim, even, 3).verdict == "underpowered"
+    tie = (_lm_recs(peri, [0.0, 1.0, 0.0, 2.0, 0.0], metric="loss_spikes")
+           + _lm_recs(LN, [2.0, 3.0, 1.0, 2.0, 4.0], metric="loss_spikes"))  # 4 favour A, 1 tie
+    v = judge(claim, tie, 3)
+    assert v.details["p"] == pytest.approx(stats.binomtest(4, 4, 0.5, alternative="greater").pvalue)  # 1/16
+    assert v.verdict == "inconclusive"  # 5 pairs could reach 1/32, the tie left 4
+    five = (_lm_recs(peri, [0.0, 1.0, 0.0, 1.0, 0.0], metric="loss_spikes")
+            + _lm_recs(LN, [2.0, 3.0, 1.0, 2.0, 4.0], metric="loss_spikes"))  # 5 favour A
+    v = judge(claim, five, 3)
+    assert v.details["p"] == pytest.approx(1 / 32) and v.verdict == "reproduced"
+    worse = _lm_recs(peri, [2.0] * 5, metric="loss_spikes") + _lm_recs(LN, [0.0] * 5, metric="loss_spikes")
+    assert judge(claim, worse, 3).verdict == "not reproduced"  # the reverse sign test: p = 1/32
+
+
+def test_v3_holm_family_counts_settled_claims_and_sizes_power_at_its_level():
+    """v3: a claim settled without a test joins its family (p = 1 when not reproduced), where v2
+    left it out; the detectable effect and the seeds needed are at alpha / m."""
+    base = [29.0, 30.0, 31.0, 30.0]
+    a = [29.8, 30.2, 31.5, 30.1]  # p_a = 0.043
+    p_a = stats.ttest_rel(a, base, alternative="greater").pvalue
+    D = {"method": "dsinit"}  # its every seed stalled: "not reproduced" without a test
+    records = _recs(A, a) + _recs(B, base) + _recs(D, [1.0, 1.0, 1.0, 1.0], status="stalled")
+    claims = [_better("a", A, B, paper_effect=0.5), _better("d", D, B)]
+    v2 = judge_all(claims, records, 2)
+    v3 = judge_all(claims, records, 3)
+    assert v2[1].verdict == v3[1].verdict == "not reproduced" and "p" not in v3[1].details
+    assert v2[0].details["family_size"] == 1 and v2[0].verdict == "reproduced"  # d left out: p_a alone
+    assert v3[0].details["family_size"] == 2 and v3[0].details["p_holm"] == pytest.approx(holm([p_a, 1.0])[0])
+    assert v3[0].verdict != "reproduced"  # 2 * p_a > 0.05
+    diffs = [x - y for x, y in zip(a, base)]
+    sd, n = statistics.stdev(diffs), len(diffs)
+    assert v2[0].details["mde"] == pytest.approx(min_detectable_effect(sd, n, 0.05))
+    assert v3[0].details["mde"] == pytest.approx(min_detectable_effect(sd, n, 0.025))
+    assert v3[0].details["pairs_needed"] == pairs_needed(sd, 0.5, 0.025)
+    assert "detectable at 80% power at alpha 0.025" in v3[0].measured
 
 
 @pytest.mark.parametrize("diffs,holm_p,failed,complete,higher,expected", [
