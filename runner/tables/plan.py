@@ -17,6 +17,7 @@ from runner.run.status import OK, STALLED
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import find_run_dirs, read_cell
 from runner.tables import suite
+from runner.tables.pool import estimate_wall_s  # noqa: F401 (planning's name for it; the pool's ETA uses it too)
 from runner.tables.records import Records
 from runner.tables.targets import Part, Target
 
@@ -103,14 +104,6 @@ def estimate_cell_s(preset: str, axes: dict[str, str], fixed: Sequence[str]) -> 
 
 def cell_count(n: int) -> str:
     return f"{n} cell" if n == 1 else f"{n} cells"
-
-
-def estimate_wall_s(costs: Sequence[float], parallel: int) -> float:
-    """Wall time of cells run `parallel` at a time, longest first (what a pool of slots does)."""
-    slots = [0.0] * max(1, parallel)
-    for c in sorted(costs, reverse=True):
-        slots[slots.index(min(slots))] += c
-    return max(slots)
 
 
 def collect(part: Part, part_dir: Path, extra: Sequence[str] = ()) -> list[CellResult]:

@@ -40,6 +40,7 @@ class Job:
     work: Path
     records: Records
     group: str = ""
+    expected_s: Optional[float] = None  # its wall time as estimated (RealSuite.estimates), for the ETA
 
     @property
     def label(self) -> str:
@@ -80,17 +81,27 @@ class PoolOutcome:
     trained: int = 0
 
 
+def estimate_wall_s(costs: Sequence[float], parallel: int) -> float:
+    """Wall time of cells run `parallel` at a time, longest first (what a pool of slots does)."""
+    slots = [0.0] * max(1, parallel)
+    for c in sorted(costs, reverse=True):
+        slots[slots.index(min(slots))] += c
+    return max(slots)
+
+
 def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int,
               on_cell_done: Optional[Callable[[str], None]] = None, *,
-              compose: Callable[[list[str]], Config], deadline: Optional[Deadline] = None) -> PoolOutcome:
+              compose: Callable[[list[str]], Config], deadline: Optional[Deadline] = None,
+              expected: Optional[Mapping[str, float]] = None) -> PoolOutcome:
     """Train the cells without a record, `parallel` at a time, one thread each; write each
     finished cell's record at once (run_jobs). With per-cell times in the deadline, the cheaper
-    cells go first (seed-major among equals), so a session cut short ends with the most records."""
+    cells go first (seed-major among equals), so a session cut short ends with the most records.
+    `expected`: each cell's estimated wall time by name, for the time left in the log."""
     order = seed_major(cells)
     if deadline is not None and deadline.per_cell:
         order = sorted(order, key=lambda c: deadline.expected_s(c.name))
-    return run_jobs([Job(c, work, records) for c in order], parallel, on_cell_done,
-                    compose=compose, deadline=deadline)
+    return run_jobs([Job(c, work, records, expected_s=(expected or {}).get(c.name)) for c in order], parallel,
+                    on_cell_done, compose=compose, deadline=deadline)
 
 
 def run_jobs(jobs: Sequence[Job], parallel: int,
@@ -237,6 +248,8 @@ class _Pool:
         self.on_cell_done = on_cell_done
         self.running: list[tuple[Job, subprocess.Popen, object]] = []
         self.env = _cell_env()
+        self.started: dict[str, float] = {}  # each running cell's start (time.monotonic())
+        self.walls: list[float] = []  # the wall_s of each cell recorded here
 
     def _now(self) -> str:
         return f"running: {', '.join(j.label for j, _, _ in self.running)}"
@@ -248,38 +261,62 @@ class _Pool:
         write_config(run_dir, self.compose(overrides), overrides)  # what `deepinit train` would compose
         log = open(job.work / f"{job.cell.name}.out", "w")
         cmd = [sys.executable, "-m", "runner.run", str(run_dir)]
+        self.started[job.cell.name] = time.monotonic()
         self.running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                    env=self.env), log))
 
-    def _finish(self, job: Job, proc: subprocess.Popen, count: str = "") -> bool:
-        """Record a cell whose process ended; False when it crashed. `count` ends its line."""
+    def _finish(self, job: Job, proc: subprocess.Popen, ended: int, total: int) -> bool:
+        """Record a cell whose process ended, the `ended`-th of `total`; False when it crashed.
+        Its line ends with the count and the time left (_count)."""
         cell = job.cell
         record = record_from_run(job.work / cell.name, cell.key, cell.arm, cell.seed)
         if record is None or record["status"] == "failed":
             reason = (record or {}).get("reason") or f"exit code {proc.returncode}"
-            console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name}){count}")
+            console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name}){self._count(ended, total)}")
             return False
         record["pool_slots"] = self.parallel  # cells at once in its pool: its wall_s shared the machine
         cell.record = record
+        if record.get("wall_s"):
+            self.walls.append(float(record["wall_s"]))
         job.records.put(record)
         job.records.save()
         console.print(f"{record['status']:>8} {job.label}: best valid loss "
                       f"{fmt_number(record.get('best_valid_loss'), '.3f')}, BLEU "
-                      f"{fmt_number(record.get('bleu'), '.2f')}, {record.get('wall_s') or 0:.0f} s{count}")
+                      f"{fmt_number(record.get('bleu'), '.2f')}, {record.get('wall_s') or 0:.0f} s"
+                      f"{self._count(ended, total)}")
         return True
 
-    @staticmethod
-    def _count(ended: int, total: int, elapsed_s: float) -> str:
+    def left_s(self) -> Optional[float]:
+        """The wall time the cells not yet ended should take: from each one's expected seconds
+        where every one has them (a running cell: what is left of them), else at the mean wall
+        time of the cells recorded here (a record's own wall_s, so a cell resumed from a
+        checkpoint, which ends minutes after this pool started it, does not read as a fast one);
+        None without either."""
+        pending = [*self.queue, *(job for job, _, _ in self.running)]
+        if not pending:
+            return 0.0
+        if all(job.expected_s for job in pending):
+            now = time.monotonic()
+            costs = [job.expected_s for job in self.queue] + [
+                max(0.0, job.expected_s - (now - self.started.get(job.cell.name, now)))
+                for job, _, _ in self.running]
+            return estimate_wall_s(costs, self.parallel)
+        if self.walls:
+            return float(np.mean(self.walls)) * len(pending) / self.parallel
+        return None
+
+    def _count(self, ended: int, total: int) -> str:
         """The end of a finished cell's line in a log without the progress bar (not a terminal):
-        '[k of N cells, ~T left]', T at the pace so far."""
+        '[k of N cells, ~T left]' (left_s)."""
         if console.is_terminal:
             return ""
-        left = "" if ended == total else f", ~{format_duration(elapsed_s / ended * (total - ended))} left"
-        return f"  [{ended} of {total} cells{left}]"
+        left = self.left_s()
+        left_words = "" if ended == total or left is None else f", ~{format_duration(left)} left"
+        return f"  [{ended} of {total} cells{left_words}]"
 
     def run(self, progress: Progress) -> PoolOutcome:
         task = progress.add_task("cells", total=len(self.queue), now="")
-        outcome, ended, total, start = PoolOutcome(), 0, len(self.queue), time.monotonic()
+        outcome, ended, total = PoolOutcome(), 0, len(self.queue)
         deadline = self.deadline
         while self.queue or self.running:
             while self.queue and len(self.running) < self.parallel:
@@ -312,7 +349,7 @@ class _Pool:
                 if outcome.stopped and not read_result(job.work / job.cell.name):
                     progress.advance(task)
                     continue  # stopped at the deadline before its result: interrupted, not crashed
-                ok = self._finish(job, proc, self._count(ended, total, time.monotonic() - start))
+                ok = self._finish(job, proc, ended, total)
                 outcome.crashed += not ok
                 outcome.trained += ok
                 if self.on_cell_done is not None:

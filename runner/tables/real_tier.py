@@ -125,7 +125,8 @@ def run_real(target: Target, request: Request, tier: str = "real",
             parallel = costs.parallel_for_deadline(parallel)
         deadline = costs.deadline(parallel)
     outcome = (pool.PoolOutcome() if request.table_only else
-               pool.run_cells(cells, work, records, parallel, report, compose=compose, deadline=deadline))
+               pool.run_cells(cells, work, records, parallel, report, compose=compose, deadline=deadline,
+                              expected={c.name: e.seconds for c, e in zip(todo, estimates) if e is not None}))
     path = report()
     print()
     print(path.read_text())
@@ -373,8 +374,9 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
     for name in names:
         real = plans[name] = real_suite(TARGETS[name])
         todo, work = real.todo, sweep_dir_for(request.out.resolve(), name, "real")
-        jobs += [pool.Job(cell, work, real.records, name) for cell in todo]
         estimates = real.estimates("cpu")
+        jobs += [pool.Job(cell, work, real.records, name, e.seconds if e is not None else None)
+                 for cell, e in zip(todo, estimates)]
         known = [e.seconds for e in estimates if e is not None]
         costs += known
         print(f"  {name:24s} {len(real.cells) - len(todo):3d} of {len(real.cells):3d} cells have a record; "

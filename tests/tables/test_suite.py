@@ -926,3 +926,28 @@ def test_the_prepared_gpu_call_rehearsed_on_cpu_returns_one_bundle(tmp_path):
     assert "(real data, GPU)" in log and "deadline" not in log.split("estimated wall time")[1]  # it fit
     assert summary["tier"] == "gpu" and summary["trained"] == 1 and summary["parallel"] == 1
     assert 300 < summary["deadline_s"] < 480 and summary["expected_cell_s"] == 5 * 60  # the preset's
+
+
+def test_time_left_in_a_pool_log_is_the_cells_estimates_not_the_pace_of_a_resumed_cell(tmp_path):
+    """A resumed cell ends minutes after the pool starts it, so the pace since the start would put
+    50 cells of an hour at an hour; the log's time left comes from the cells' estimates (a running
+    one: what is left of its estimate), else from the wall_s of the cells recorded so far."""
+    import time
+
+    from runner.tables import pool
+    from runner.tables.records import Records
+
+    cells = suite.plan("reproduce_width_real")[:5]
+    records = Records.load(tmp_path)
+    jobs = [pool.Job(c, tmp_path, records, expected_s=s) for c, s in zip(cells, (100.0, 200.0, 300.0, 120.0))]
+    state = pool._Pool(jobs[:3], 2, None, compose=None)
+    state.running.append((jobs[3], None, None))
+    state.started[jobs[3].cell.name] = time.monotonic() - 50.0
+    # left: 100, 200, 300 queued and ~70 of the running one's 120, two at a time, longest first:
+    # 300 | 200 + 100, then 70 on either slot -> 370
+    assert state.left_s() == pytest.approx(370.0, abs=1.0)
+    unknown = pool._Pool([pool.Job(c, tmp_path, records) for c in cells[:3]], 1, None, compose=None)
+    assert unknown.left_s() is None  # no estimate and nothing recorded yet
+    unknown.walls += [1000.0, 3000.0]
+    assert unknown.left_s() == pytest.approx(3 * 2000.0)  # the recorded cells' mean wall time
+    assert pool._Pool([], 1, None, compose=None).left_s() == 0.0
