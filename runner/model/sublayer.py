@@ -181,6 +181,16 @@ def mix_post_layers(mix_ratio: float, num_layers: int) -> int:
     return math.floor(round(mix_ratio * num_layers, 9))
 
 
+def mix_without_post_ln(norm: NormConfig, stacks: dict[str, int]) -> list[str]:
+    """One line per stack ({side: layers}) where Mix-LN's ratio gives no Post-LN layer at all:
+    floor(mix_ratio * L) = 0 makes that stack plain Pre-LN, which a run should say."""
+    ratio = getattr(norm, "mix_ratio", 0.0)
+    return [f"norm.mix_ratio={ratio:g} gives the {layers}-layer {side} no Post-LN layer "
+            f"(floor({ratio:g} x {layers}) = 0): that stack trains as Pre-LN"
+            for side, layers in stacks.items()
+            if stack_placement(norm, side) == "mix" and ratio > 0 and mix_post_layers(ratio, layers) == 0]
+
+
 def mix_schedule(norm: NormConfig, layer_index: int, num_layers: int) -> Slots:
     """Mix-LN: Post-LN slots in layers 0 .. floor(mix_ratio * L) - 1, Pre-LN slots in the rest."""
     post = layer_index < mix_post_layers(norm.mix_ratio, num_layers)

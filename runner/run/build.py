@@ -24,7 +24,7 @@ from runner.data.dataset import TokenizedSplit, TranslationData, unigram_nll
 from runner.data.lm import LMData
 from runner.model.lm import DecoderOnlyLM
 from runner.model.seq2seq import Seq2Seq, build_model
-from runner.model.sublayer import check_placement_options
+from runner.model.sublayer import check_placement_options, mix_without_post_ln
 from runner.train.optim import build_optimizer
 
 
@@ -48,6 +48,11 @@ def check_config(cfg: Config) -> None:
     validate(cfg)
     check_placement_options(cfg.norm)
     init_schemes.check_requirements(cfg)
+    m = cfg.model
+    stacks = ({"decoder": m.num_decoder_layers} if cfg.task == "lm"
+              else {"encoder": m.num_encoder_layers, "decoder": m.num_decoder_layers})
+    for line in mix_without_post_ln(cfg.norm, stacks):
+        log.warning(line)
 
 
 def resolve_device(name: str) -> torch.device:

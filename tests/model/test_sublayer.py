@@ -198,3 +198,20 @@ def test_grad_norms_accepts_the_new_placements():
     configs = ["norm=mix norm.mix_ratio=0.5", "norm=peri", "norm=pre norm.layernorm_scaling=true",
                "norm=mix norm.layernorm_scaling=true"]
     assert_grad_norms_finite(configs, depth=4)
+
+
+def test_a_mix_ratio_that_leaves_a_stack_no_post_ln_layer_is_said(caplog):
+    """floor(0.3 x 3) = 0: Mix-LN's 3-layer decoder trains as Pre-LN, which the run logs as a
+    warning naming the stack; the 4-layer encoder keeps its one Post-LN layer and no line."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        check_config(compose(["norm=mix", "norm.mix_ratio=0.3", "model.encoder_layers=4",
+                              "model.decoder_layers=3"]))
+    lines = [r.getMessage() for r in caplog.records if "mix_ratio" in r.getMessage()]
+    assert lines == ["norm.mix_ratio=0.3 gives the 3-layer decoder no Post-LN layer (floor(0.3 x 3) = 0): "
+                     "that stack trains as Pre-LN"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        check_config(compose(["norm=mix", "norm.mix_ratio=0.25", "model.layers=6"]))
+    assert not [r for r in caplog.records if "mix_ratio" in r.getMessage()]
