@@ -22,6 +22,13 @@ def attention_projections(module: Sublayer) -> dict[str, nn.Linear]:
 
 
 @torch.no_grad()
+def stack_sides(model) -> tuple[str, ...]:
+    """The stacks the model has, of ("encoder", "decoder"): both for translation, the decoder
+    alone for the decoder-only LM (what init.json reports per stack)."""
+    present = {ref.side for ref in model.sublayers()}
+    return tuple(side for side in ("encoder", "decoder") if side in present)
+
+
 def init_embedding(weight: torch.Tensor, dim: int, pad_index: Optional[int]) -> None:
     """N(0, d^-1/2) with the padding row zero (the Embedding helper of fairseq/models/transformer.py;
     fairseq's learned positions are drawn the same way, fairseq/modules/positional_embedding.py).

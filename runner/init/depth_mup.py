@@ -38,7 +38,7 @@ import torch
 
 from runner.config import InitConfig
 from runner.init.base import InitScheme, ParamGroup
-from runner.init.common import fairseq_xavier
+from runner.init.common import fairseq_xavier, stack_sides
 from runner.model.sublayer import ResidualSpec
 
 
@@ -112,7 +112,8 @@ class DepthMuP(InitScheme):
     @torch.no_grad()
     def apply(self, model, cfg, batch=None) -> dict:
         fairseq_xavier(model, cfg)
-        multiplier = {side: branch_multiplier(cfg, side) for side in ("encoder", "decoder")}
+        sides = stack_sides(model)  # init.json reports the stacks the model has
+        multiplier = {side: branch_multiplier(cfg, side) for side in sides}
         for ref in model.sublayers():
             ref.alpha.fill_(multiplier[ref.side])
         return {"rule": "Depth-muP / CompleteP (Yang et al. 2024; Dey et al. 2025; nanoGPT-mup model.py): "
@@ -120,10 +121,10 @@ class DepthMuP(InitScheme):
                         "m^(2a-1)), Adam eps * m^-a",
                 "exponent": cfg.init.depth_mup_exponent,
                 "base_layers": cfg.init.depth_mup_base_layers,
-                "m": {side: depth_multiplier(cfg, side) for side in ("encoder", "decoder")},
+                "m": {side: depth_multiplier(cfg, side) for side in sides},
                 "branch_multiplier": multiplier,
-                "lr_scale": {side: lr_scale(cfg, side) for side in ("encoder", "decoder")},
-                "eps_scale": {side: eps_scale(cfg, side) for side in ("encoder", "decoder")}}
+                "lr_scale": {side: lr_scale(cfg, side) for side in sides},
+                "eps_scale": {side: eps_scale(cfg, side) for side in sides}}
 
     def param_groups(self, model, cfg) -> list[ParamGroup]:
         """One group per stack for the branch parameters, one for the rest (scales 1)."""

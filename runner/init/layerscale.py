@@ -28,7 +28,7 @@ import torch
 from runner.config import InitConfig
 from runner.config.options import options
 from runner.init.base import InitScheme
-from runner.init.common import fairseq_xavier
+from runner.init.common import fairseq_xavier, stack_sides
 from runner.model.sublayer import ResidualSpec
 
 
@@ -77,7 +77,8 @@ class LayerScale(InitScheme):
     @torch.no_grad()
     def apply(self, model, cfg, batch=None) -> dict:
         fairseq_xavier(model, cfg)
-        depths = stack_depths(model, cfg.init.layerscale_depth)
+        depths = {side: depth for side, depth in stack_depths(model, cfg.init.layerscale_depth).items()
+                  if side in stack_sides(model)}
         epsilon = {side: layerscale_epsilon(depth) for side, depth in depths.items()}
         for ref in model.sublayers():
             ref.alpha.fill_(epsilon[ref.side])

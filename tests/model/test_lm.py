@@ -164,3 +164,15 @@ def test_on_cpu_the_lm_attends_through_sdpa_and_translation_keeps_its_matmul_ker
             if isinstance(module, MultiheadAttention):
                 module.kernels = kernels.AttentionKernels("cpu")
         assert torch.allclose(model(tokens), fast, atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme,placement,keys", [("depth_mup", "pre", ("m", "branch_multiplier", "lr_scale", "eps_scale")),
+                                                   ("layerscale", "pre", ("depth", "epsilon"))])
+def test_init_json_of_an_lm_reports_its_one_stack(scheme, placement, keys):
+    """What a scheme reports per stack names the stacks the model has: the LM's decoder, no encoder."""
+    cfg = lm_config(placement, layers=4, init=scheme)
+    torch.manual_seed(0)
+    model = DecoderOnlyLM(cfg.model, cfg.norm, VOCAB, init_schemes.residual_spec(cfg))
+    info = init_schemes.apply(model, cfg)
+    for key in keys:
+        assert list(info[key]) == ["decoder"], (key, info[key])
