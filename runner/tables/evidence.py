@@ -21,7 +21,8 @@ Statistics
 
     Which rules apply is the rule book's (runner/tables/rulebook.py): `judge` and `judge_all` take its
     version; the records' statuses carry its outcomes (ok = trained, diverged, collapsed, stalled,
-    below_bar, failed). What follows is version 2, with version 1's differences in brackets.
+    below_bar, failed). What follows is version 2, with version 1's differences in brackets and
+    version 3's in "[v3: ...]".
 
 Decision rules (`judge`)
     Selectors: a claim's `a` and `b` select records whose arm contains every key/value of the
@@ -83,7 +84,14 @@ Decision rules (`judge`)
           paired-t interval lies below 0; "underpowered" when the claim's `paper_effect` is below
           the minimum detectable effect at 80% power (from the measured SD of the differences);
           inconclusive otherwise. [v1: reproduced when the 95% bootstrap interval of the mean
-          difference lies above 0, not reproduced when below, else inconclusive.]
+          difference lies above 0, not reproduced when below, else inconclusive.] [v3: the family
+          is every planned "better" claim against `b`, a member without a test entering at p = 0
+          when reproduced (by the count of cells that did not train) and at p = 1 otherwise; the
+          detectable effect and the seeds needed are at alpha / m for a family of m; a count
+          (loss spikes) is tested by the exact one-sided sign test over the pairs, ties left out:
+          not reproduced when the reverse test's p < 0.025 (the t path's one-sided level),
+          "underpowered" when even every pair favouring A would leave the Holm-corrected p at or
+          above alpha, the family's other p-values as they are (a waiting member at 0).]
        Measured: the mean difference with its paired-t interval, every seed's difference, p (and
        Holm's p), the detectable effect and the seeds the paper's effect would need.
 
@@ -486,7 +494,7 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
     assert s.mean is not None and s.std is not None and s.ci_low is not None and s.ci_high is not None
     power_alpha = _power_alpha(book, family_size)
     if book.count_test == "sign" and claim.metric in COUNT_METRICS:
-        return _judge_better_count(claim, diffs, details, book, power_alpha, head, lower, suffix)
+        return _judge_better_count(claim, diffs, details, book, head, lower, suffix)
     p = paired_t_test(values)
     details.update({"mean_diff": s.mean, "std_diff": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high,
                     "level": book.level, "higher_is_better": claim.higher_is_better, "p": p,
@@ -514,7 +522,7 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
 
 
 def _judge_better_count(claim: Claim, diffs: Sequence[tuple[int, float]], details: dict, book: RuleBook,
-                        power_alpha: float, head: str, lower: str, suffix: str) -> Verdict:
+                        head: str, lower: str, suffix: str) -> Verdict:
     """Rule book v3's "better" on a count (loss spikes): the exact one-sided sign test over the
     seed pairs, ties left out (scipy.stats.binomtest)."""
     wins, losses = sum(d > 0 for _, d in diffs), sum(d < 0 for _, d in diffs)
@@ -523,7 +531,8 @@ def _judge_better_count(claim: Claim, diffs: Sequence[tuple[int, float]], detail
     p_reverse = float(stats.binomtest(losses, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
     best_p = 0.5 ** len(diffs)  # every pair favouring A
     details.update({"test": "sign", "p": p, "p_reverse": p_reverse, "wins": wins, "losses": losses,
-                    "best_p": best_p, "power_alpha": power_alpha, "higher_is_better": claim.higher_is_better,
+                    # judged alone: the best case is best_p itself (judge_all sets it for the family)
+                    "best_p": best_p, "best_p_holm": best_p, "higher_is_better": claim.higher_is_better,
                     "pairs_favouring_a": wins, "diffs": {str(seed): d for seed, d in diffs}})
     measured = (f"{head} {claim.metric} over {len(diffs)} paired seeds{lower} ({_seed_pairs(diffs)}): "
                 f"{wins} favour A, {losses} favour B, {len(diffs) - untied} tied; one-sided sign test "
@@ -537,9 +546,11 @@ def _better_verdict(details: Mapping[str, Any], p_adjusted: float, book: RuleBoo
     if p_adjusted < book.alpha:
         return "reproduced"
     if details.get("test") == "sign":
-        if details["p_reverse"] < book.alpha:
+        # the reverse one-sided test at (1 - level) / 2 = 0.025, the level at which the t path's
+        # 95% interval lies below 0
+        if details["p_reverse"] < (1.0 - book.level) / 2:
             return "not reproduced"
-        return "underpowered" if details["best_p"] >= details["power_alpha"] else "inconclusive"
+        return "underpowered" if details["best_p_holm"] >= book.alpha else "inconclusive"
     if details["ci_high"] < 0:
         return "not reproduced"
     effect, mde = details.get("paper_effect"), details.get("mde")
@@ -707,16 +718,25 @@ def judge_all(claims: Sequence[Claim], records: Sequence[Record], book: RuleBook
         def p_of(i: int) -> float:  # v3: a member settled without a test enters at p = 0 or 1
             return out[i].details.get("p", 0.0 if out[i].verdict == "reproduced" else 1.0)
 
+        def verdict_at(i: int, ps: Mapping[int, float], among: Sequence[int],
+                       details: dict) -> tuple[str, float, dict]:
+            """Member i's verdict with the members `among` at p-values `ps`: Holm's adjusted p and,
+            for a count's sign test, the adjusted p it would have had every pair favoured A."""
+            p_adj = holm([ps[j] for j in among])[among.index(i)]
+            if details.get("test") == "sign":
+                best = holm([details["best_p"] if j == i else ps[j] for j in among])[among.index(i)]
+                details = {**details, "best_p_holm": best}
+            return _better_verdict(details, p_adj, book), p_adj, details
+
         tested = [i for i in members if "p" in out[i].details]
         counted = tested if book.holm_family == "tested" else members
-        adjusted = dict(zip(counted, holm([p_of(i) for i in counted])))
         unsettled = [i for i in members if claims[i].id in waiting]
-        # each member's adjusted p with every waiting member at p = 0 and at p = 1
-        bounds = {extreme: dict(zip(members, holm([extreme if i in unsettled else p_of(i) for i in members])))
-                  for extreme in (0.0, 1.0)} if unsettled else {}
+        # the family's p-values with every waiting member at p = 0 and at p = 1
+        extremes = {x: {j: x if j in unsettled else p_of(j) for j in members} for x in (0.0, 1.0)}
         for i in tested:
-            v, p_adj = out[i], adjusted[i]
-            details = {**v.details, "p_holm": p_adj, "family_size": len(counted)}
+            v = out[i]
+            verdict, p_adj, details = verdict_at(i, {j: p_of(j) for j in counted}, counted, dict(v.details))
+            details = {**details, "p_holm": p_adj, "family_size": len(counted)}
             measured = v.measured
             if len(counted) > 1:
                 measured = measured.replace(f"one-sided p={v.details['p']:.3g}",
@@ -724,9 +744,8 @@ def judge_all(claims: Sequence[Claim], records: Sequence[Record], book: RuleBook
                 measured = measured.replace(f"one-sided sign test p={v.details['p']:.3g}",
                                             f"one-sided sign test p={v.details['p']:.3g}, Holm over "
                                             f"{len(counted)}: {p_adj:.3g}")
-            verdict = _better_verdict(details, p_adj, book)
-            if bounds and i not in unsettled:
-                low, high = (_better_verdict(details, bounds[x][i], book) for x in (0.0, 1.0))
+            if unsettled and i not in unsettled:
+                low, high = (verdict_at(i, extremes[x], members, details)[0] for x in (0.0, 1.0))
                 if low != high:
                     names = [claims[j].id for j in unsettled]
                     measured = (f"its cells are all in, but its verdict turns on the Holm family's "

@@ -82,16 +82,18 @@ they change was final (the language-model tier's spike claim and Table 2's Admin
 "incomplete"; no finished suite's verdict changes):
     - The Holm family is the table's planned "better" claims against one baseline, whatever their
       outcome: a claim settled by the count of cells that did not train (no t-test) enters with
-      p = 0 when reproduced and p = 1 otherwise. Version 2 left settled claims out, which is p = 0
+      p = 0 when reproduced and p = 1 otherwise, as does any other member without a test (fewer
+      than 2 seed pairs, not run) at p = 1. Version 2 left settled claims out, which is p = 0
       for all of them: a claim whose own arm failed made the others' correction smaller.
     - The minimum detectable effect and the seeds a paper's effect needs are computed at
       alpha / m for a family of m claims (the level Holm tests the smallest p at), not at alpha:
       what the corrected test can detect, not what one uncorrected test could.
     - A count (loss spikes per run) is compared by the exact one-sided sign test over the seed
       pairs (ties left out), not the t-test: with 3 pairs each one spike apart the t-test's p is
-      0 (no spread), the sign test's 1/8. Not reproduced when the reverse sign test rejects;
-      "underpowered" when even every pair favouring A could not reach alpha / m (3 pairs: the
-      smallest p is 1/8); else inconclusive.
+      0 (no spread), the sign test's 1/8. Not reproduced when the reverse sign test's p is below
+      (1 - level) / 2 = 0.025 (the t path's one-sided level); "underpowered" when even every pair
+      favouring A would leave the Holm-corrected p at alpha or more, the family's other p-values
+      as they are (3 pairs: the smallest p is 1/8); else inconclusive.
 """
 from __future__ import annotations
 

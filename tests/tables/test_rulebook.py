@@ -195,7 +195,8 @@ def test_holm_corrects_a_tables_comparisons_against_one_baseline():
     assert "family_size" in other[0].details and other[0].details["family_size"] == 1
 
 
-def test_a_holm_verdict_waits_while_a_family_member_misses_cells_only_if_it_could_change():
+@pytest.mark.parametrize("book", [2, 3])
+def test_a_holm_verdict_waits_while_a_family_member_misses_cells_only_if_it_could_change(book):
     """Holm's adjusted p of one claim depends on its family's other p-values: with a member still
     missing cells, a claim whose own cells are all in reads "incomplete" if its verdict with that
     member at p = 0 differs from its verdict with it at p = 1, and keeps its verdict otherwise."""
@@ -209,7 +210,7 @@ def test_a_holm_verdict_waits_while_a_family_member_misses_cells_only_if_it_coul
     D = {"method": "dsinit"}  # the waiting member: one seed so far
     partial = records + _recs(D, [30.5], seeds=[1])
     claims = [_better("a", A, B), _better("c", C, B), _better("d", D, B)]
-    judged = {v.claim.id: v for v in judge_all(claims, partial, waiting={"d"})}
+    judged = {v.claim.id: v for v in judge_all(claims, partial, book, waiting={"d"})}
     # a: with d at p = 0, a ranks third and keeps p_a (reproduced); with d at p = 1, a ranks
     # second of three and gets 2 * p_a (not)
     low = holm([p_a, p_c, 0.0])[0]
@@ -218,11 +219,13 @@ def test_a_holm_verdict_waits_while_a_family_member_misses_cells_only_if_it_coul
     assert judged["a"].verdict == "incomplete" and judged["a"].details["waits_for"] == ["d"]
     assert "turns on the Holm family's d" in judged["a"].measured
     assert judged["c"].verdict == "reproduced"  # 3 * p_c < 0.05: d cannot change it
-    # without the waiting mark the same records read final, from d's one-seed p (not tested: no p)
-    assert judge_all(claims, partial)[0].verdict != "incomplete"
+    # without the waiting mark the same records read final: d (one seed, no test) is left out of
+    # v2's family (a: max(2 p_c, p_a) = p_a, reproduced) and enters v3's at p = 1 (a: 2 p_a, not)
+    unmarked = judge_all(claims, partial, book)[0]
+    assert unmarked.verdict == ("reproduced" if book == 2 else "inconclusive")
     # d complete and tested: the family's ordinary Holm, nothing waits
     full = records + _recs(D, [29.1, 30.05, 31.0, 30.2])
-    done = judge_all(claims, full, waiting=set())
+    done = judge_all(claims, full, book, waiting=set())
     p_d = stats.ttest_rel([29.1, 30.05, 31.0, 30.2], base, alternative="greater").pvalue
     assert [v.details["p_holm"] for v in done] == pytest.approx(holm([p_a, p_c, p_d]))
     assert all(v.verdict != "incomplete" for v in done)
@@ -445,8 +448,57 @@ def test_fewer_spikes_is_a_better_claim_on_the_loss_spikes_metric():
             + _lm_recs(LN, [2.0, 3.0, 1.0, 2.0, 4.0], metric="loss_spikes"))  # 5 favour A
     v = judge(claim, five, 3)
     assert v.details["p"] == pytest.approx(1 / 32) and v.verdict == "reproduced"
-    worse = _lm_recs(peri, [2.0] * 5, metric="loss_spikes") + _lm_recs(LN, [0.0] * 5, metric="loss_spikes")
-    assert judge(claim, worse, 3).verdict == "not reproduced"  # the reverse sign test: p = 1/32
+    # not reproduced at the t path's one-sided level, 0.025: 6 pairs favouring B (p = 1/64), not 5 (1/32)
+    worse = _lm_recs(peri, [2.0] * 6, metric="loss_spikes") + _lm_recs(LN, [0.0] * 6, metric="loss_spikes")
+    assert judge(claim, worse, 3).verdict == "not reproduced"
+    worse5 = _lm_recs(peri, [2.0] * 5, metric="loss_spikes") + _lm_recs(LN, [0.0] * 5, metric="loss_spikes")
+    assert judge(claim, worse5, 3).verdict == "inconclusive"
+
+
+def test_a_sign_test_is_underpowered_only_if_its_best_case_fails_holm_in_its_family():
+    """5 pairs can give p = 1/32: alone, or beside a member with a tiny p (Holm tests 1/32 at
+    alpha then), 5 of 5 favouring A would reproduce it, so 4 of 5 reads inconclusive; beside a
+    member at p = 0.9 the best case is 2 / 32 > 0.05, so it reads underpowered."""
+    peri = {"method": "peri_ln"}
+    spikes = claim_from_dict({"id": "s", "text": "t", "kind": "better", "a": peri, "b": LN,
+                              "metric": "loss_spikes", "higher_is_better": False})
+    X = {"method": "x"}
+    loss = claim_from_dict({"id": "l", "text": "t", "kind": "better", "a": X, "b": LN,
+                            "metric": "best_valid_loss", "higher_is_better": False})
+    base = [2.0, 2.1, 1.9, 2.05, 1.95]
+    counts = (_lm_recs(peri, [0.0, 1.0, 0.0, 2.0, 0.0], metric="loss_spikes")  # 4 favour A, 1 tie
+              + _lm_recs(LN, [2.0, 3.0, 1.0, 2.0, 4.0], metric="loss_spikes"))
+    ln_loss = _lm_recs(LN, base)
+    for r_count, r_loss in zip([r for r in counts if r.arm == LN], ln_loss):
+        r_count.metrics.update(r_loss.metrics)
+    much_better = _lm_recs(X, [b - 0.5 - 0.01 * k for k, b in enumerate(base)])  # p ~ 1e-6
+    no_better = _lm_recs(X, [b + d for b, d in zip(base, [0.05, -0.02, 0.04, 0.01, 0.03])])  # p ~ 0.9
+    tiny = judge_all([spikes, loss], counts + much_better, 3)
+    assert tiny[1].details["p"] < 0.001 and tiny[0].details["best_p_holm"] == pytest.approx(1 / 32)
+    assert tiny[0].verdict == "inconclusive"
+    large = judge_all([spikes, loss], counts + no_better, 3)
+    assert large[1].details["p"] > 0.5 and large[0].details["best_p_holm"] == pytest.approx(2 / 32)
+    assert large[0].verdict == "underpowered"
+
+
+def test_v3_member_settled_as_reproduced_enters_at_p_0():
+    """A member reproduced without a test enters v3's family at p = 0, which leaves the others'
+    Holm p as v2 has it (v2 leaves it out). Here D pairs with the baseline on seeds 5-7, where
+    the baseline stalled and D trained; A pairs with it on seeds 1-4, where both trained."""
+    base = [29.0, 30.0, 31.0, 30.0]
+    a = [29.8, 30.2, 31.5, 30.1]  # one-sided p = 0.043: reproduced alone, not at 2 * p
+    p_a = stats.ttest_rel(a, base, alternative="greater").pvalue
+    D = {"method": "dsinit"}
+    records = (_recs(A, a) + _recs(B, base) + _recs(B, [1.0] * 3, seeds=[5, 6, 7], status="stalled")
+               + _recs(D, [30.0] * 3, seeds=[5, 6, 7]))
+    claims = [_better("a", A, B), _better("d", D, B)]
+    v3 = judge_all(claims, records, 3)
+    assert v3[1].verdict == "reproduced" and "p" not in v3[1].details
+    assert v3[0].details["family_size"] == 2
+    assert v3[0].details["p_holm"] == pytest.approx(holm([p_a, 0.0])[0]) == pytest.approx(p_a)
+    assert v3[0].verdict == "reproduced"
+    v2 = judge_all(claims, records, 2)
+    assert v2[0].details["family_size"] == 1 and v2[0].details["p_holm"] == pytest.approx(p_a)
 
 
 def test_v3_holm_family_counts_settled_claims_and_sizes_power_at_its_level():
@@ -534,3 +586,29 @@ def test_claims_the_first_rule_book_had_no_rule_for_show_no_v1_verdict():
     for cid in ("peri_ln_fewer_spikes", "peri_ln_less_spread", "dyt_matches_layernorm"):
         assert rows[cid].rstrip(" |").endswith("| -"), rows[cid]
     assert rows["post_ln_fails_24l"].rstrip(" |").endswith("| same")
+
+
+def test_a_report_lists_a_verdict_that_rule_book_v2_read_differently():
+    """Table 2's Admin claim on 10 seed pairs with an SD of 0.35: at alpha 0.05 (v2) 0.32 BLEU is
+    detectable (inconclusive), at alpha 0.025 (v3, a family of 2) it is not (underpowered); the
+    report lists the v2 verdict with the reason."""
+    from runner.tables import suite
+    from runner.tables.report import render
+
+    a = 0.35 / math.sqrt(10 / 9)  # +a, -a alternating: mean 0, SD 0.35
+    assert min_detectable_effect(0.35, 10, 0.05) < 0.32 < min_detectable_effect(0.35, 10, 0.025)
+    cells = suite.plan("reproduce_table2_real")
+    for cell in cells:
+        bleu = {"tfixup": 36.0, "admin": 30.0, "pre_ln": 30.0, "post_ln": 20.0}[cell.arm["method"]] + 0.1 * cell.seed
+        bleu += {"tfixup": 0.2, "post_ln": 0.3}.get(cell.arm["method"], 0.0) * (cell.seed % 2)  # some spread
+        if cell.arm == {"method": "admin", "warmup.updates": "500"}:
+            bleu += a if cell.seed % 2 else -a
+        cell.record = {"status": "ok", "bleu": bleu, "best_valid_loss": 3.0, "valid_loss": 3.0,
+                       "valid_unigram_nll": 5.6, "valid_curve": [[200, 5.0], [2000, 3.0]]}
+    judged = {v.claim.id: v for v in suite.verdicts("reproduce_table2_real", cells)}
+    old = {v.claim.id: v for v in suite.verdicts("reproduce_table2_real", cells, version=2)}
+    assert old["admin_beats_pre_ln_with_warmup"].verdict == "inconclusive"
+    assert judged["admin_beats_pre_ln_with_warmup"].verdict == "underpowered"
+    text = render("table2", "Table 2", "reproduce_table2_real", cells)
+    line = next(x for x in text.splitlines() if x.startswith("- admin_beats_pre_ln_with_warmup: inconclusive under v2"))
+    assert "underpowered now" in line and "v3 sizes the detectable effect at alpha over the family" in line
