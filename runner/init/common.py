@@ -21,7 +21,6 @@ def attention_projections(module: Sublayer) -> dict[str, nn.Linear]:
     return {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj, "out": attn.out_proj}
 
 
-@torch.no_grad()
 def stack_sides(model) -> tuple[str, ...]:
     """The stacks the model has, of ("encoder", "decoder"): both for translation, the decoder
     alone for the decoder-only LM (what init.json reports per stack)."""
@@ -29,6 +28,7 @@ def stack_sides(model) -> tuple[str, ...]:
     return tuple(side for side in ("encoder", "decoder") if side in present)
 
 
+@torch.no_grad()
 def init_embedding(weight: torch.Tensor, dim: int, pad_index: Optional[int]) -> None:
     """N(0, d^-1/2) with the padding row zero (the Embedding helper of fairseq/models/transformer.py;
     fairseq's learned positions are drawn the same way, fairseq/modules/positional_embedding.py).

@@ -166,7 +166,8 @@ def ran_whole_budget(record: dict) -> bool:
 class CellEstimate:
     """A cell's expected wall time alone and what it comes from: "arm" (the median of its arm's
     records: the same settings, other seeds), "shape" (the median of the whole-budget records of
-    cells with the same model.* settings), or "preset" (the preset's minutes per cell)."""
+    cells with the same model.* settings), "depth" (those of the nearest other depth at the same
+    width, scaled by layers), or "preset" (the preset's minutes per cell)."""
 
     seconds: float
     source: str
@@ -190,25 +191,45 @@ class RealSuite:
 
     def estimates(self, device: str) -> list[Optional[CellEstimate]]:
         """Each cell of `todo`'s expected seconds on `device` ("cpu" or "cuda"), from the records
-        this suite has on that kind of device where they time it, else the preset's figure (None
-        without one). Cells of one suite differ in cost by up to 6x (width's 64- and 256-wide
-        models), which one figure per preset cannot say. A record's time is as measured, on a
-        machine that may have been busy with other work."""
+        this suite has on that kind of device where they time it, else the preset's figure where
+        it is for that device (cpu_minutes_per_cell for a real tier, gpu_ for a gpu tier), else
+        None. Cells of one suite differ in cost by up to 6x (width's 64- and 256-wide models),
+        which one figure per preset cannot say. A record's time is as measured, on a machine that
+        may have been busy with other work; the arm's median counts every record of the arm (a
+        diverged seed is the arm's cost too), the shape's only whole-budget ones."""
         timed = [c for c in self.cells if c.record and c.record.get("wall_s") and record_device(c.record) == device]
+        whole = [c for c in timed if ran_whole_budget(c.record)]
+        preset_device = "cuda" if self.tier == "gpu" else "cpu"
 
         def median_s(cells: list) -> Optional[float]:
             return statistics.median(c.record["wall_s"] for c in cells) + RECORD_UNTIMED_S if cells else None
 
-        def shape(cell) -> dict:
-            return {k: v for k, v in cell.arm.items() if k.startswith("model.")}
+        def shape(cell, layers: bool = True) -> dict:
+            return {k: v for k, v in cell.arm.items() if k.startswith("model.") and (layers or k != "model.layers")}
+
+        def deeper_or_shallower(cell) -> Optional[float]:
+            """The whole-budget records of the same width at another depth, scaled by layers (as
+            CellCosts scales), the nearest depth's median."""
+            if "model.layers" not in cell.arm:
+                return None
+            others = [c for c in whole if shape(c, layers=False) == shape(cell, layers=False)
+                      and c.arm.get("model.layers") != cell.arm["model.layers"]]
+            if not others:
+                return None
+            target = float(cell.arm["model.layers"])
+            nearest = min({float(c.arm["model.layers"]) for c in others}, key=lambda n: abs(n - target))
+            return median_s([c for c in others if float(c.arm["model.layers"]) == nearest]) * target / nearest
 
         out = []
         for cell in self.todo:
             arm_s = median_s([c for c in timed if c.arm == cell.arm])
-            shape_s = median_s([c for c in timed if shape(c) == shape(cell) and ran_whole_budget(c.record)])
+            shape_s = median_s([c for c in whole if shape(c) == shape(cell)])
+            scaled_s = deeper_or_shallower(cell) if shape_s is None else None
             out.append(CellEstimate(arm_s, "arm") if arm_s is not None else
                        CellEstimate(shape_s, "shape") if shape_s is not None else
-                       CellEstimate(self.minutes * 60, "preset") if self.minutes else None)
+                       CellEstimate(scaled_s, "depth") if scaled_s is not None else
+                       CellEstimate(self.minutes * 60, "preset") if self.minutes and device == preset_device
+                       else None)
         return out
 
 
@@ -220,10 +241,11 @@ def per_cell_range(seconds: Sequence[float]) -> str:
 
 def describe_estimates(estimates: Sequence[Optional[CellEstimate]]) -> str:
     """Where a suite's per-cell estimates come from, for a plan's printout: "records of the same
-    arm for 4, of the same model shape for 6, the preset's figure for 2"."""
+    arm for 4, records of the same model shape for 6, the preset's minutes per cell for 2"."""
     counts = {source: sum((e.source if e is not None else None) == source for e in estimates)
-              for source in ("arm", "shape", "preset", None)}
+              for source in ("arm", "shape", "depth", "preset", None)}
     words = {"arm": "records of the same arm", "shape": "records of the same model shape",
+             "depth": "records of the same width at another depth, scaled by layers",
              "preset": "the preset's minutes per cell", None: "no estimate"}
     return ", ".join(f"{words[s]} for {n}" for s, n in counts.items() if n)
 

@@ -287,23 +287,31 @@ class _Pool:
         return True
 
     def left_s(self) -> Optional[float]:
-        """The wall time the cells not yet ended should take: from each one's expected seconds
-        where every one has them (a running cell: what is left of them), else at the mean wall
-        time of the cells recorded here (a record's own wall_s, so a cell resumed from a
-        checkpoint, which ends minutes after this pool started it, does not read as a fast one);
-        None without either."""
+        """The wall time the cells not yet ended should take, as this pool runs them: each running
+        cell holds its slot for what is left of its time, and the queued cells go, in queue
+        order, to the slot that frees first. A cell's time is its expected seconds where every
+        cell has them, else the mean wall time of the cells recorded here (a record's own
+        wall_s, so a cell resumed from a checkpoint, which ends minutes after this pool started
+        it, does not read as a fast one); None without either."""
         pending = [*self.queue, *(job for job, _, _ in self.running)]
         if not pending:
             return 0.0
         if all(job.expected_s for job in pending):
-            now = time.monotonic()
-            costs = [job.expected_s for job in self.queue] + [
-                max(0.0, job.expected_s - (now - self.started.get(job.cell.name, now)))
-                for job, _, _ in self.running]
-            return estimate_wall_s(costs, self.parallel)
-        if self.walls:
-            return float(np.mean(self.walls)) * len(pending) / self.parallel
-        return None
+            def cost(job: Job) -> float:
+                return float(job.expected_s or 0.0)
+        elif self.walls:
+            mean = float(np.mean(self.walls))
+
+            def cost(job: Job) -> float:
+                return mean
+        else:
+            return None
+        now = time.monotonic()
+        slots = [max(0.0, cost(job) - (now - self.started.get(job.cell.name, now))) for job, _, _ in self.running]
+        slots += [0.0] * max(0, self.parallel - len(slots))
+        for job in self.queue:
+            slots[slots.index(min(slots))] += cost(job)
+        return max(slots)
 
     def _count(self, ended: int, total: int) -> str:
         """The end of a finished cell's line in a log without the progress bar (not a terminal):

@@ -84,6 +84,9 @@ def run_real(target: Target, request: Request, tier: str = "real",
         print(f"estimated wall time: ~{format_duration(estimate_wall_s(known, parallel))} for "
               f"{cell_count(len(known))}, {parallel} at a time ({per_cell_range(known)} per cell, from "
               f"{describe_estimates(estimates)}{where})")
+    elif todo:
+        print(f"estimated wall time: unknown (no record of this suite on {device or 'this device'}, and the "
+              f"preset's minutes per cell are for {'a GPU' if gpu else 'a CPU'}; records or a probe time the cells)")
     if request.dry_run:
         return 0
 
@@ -126,7 +129,10 @@ def run_real(target: Target, request: Request, tier: str = "real",
         deadline = costs.deadline(parallel)
     outcome = (pool.PoolOutcome() if request.table_only else
                pool.run_cells(cells, work, records, parallel, report, compose=compose, deadline=deadline,
-                              expected={c.name: e.seconds for c, e in zip(todo, estimates) if e is not None}))
+                              # a deadline's per-cell times (records or the probe, at this parallel
+                              # count) where it has them, else the plan's estimates
+                              expected=(deadline.per_cell if deadline is not None and deadline.per_cell else
+                                        {c.name: e.seconds for c, e in zip(todo, estimates) if e is not None})))
     path = report()
     print()
     print(path.read_text())

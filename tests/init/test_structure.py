@@ -143,3 +143,15 @@ def test_rezero_shares_alpha_per_layer_and_skipinit_has_one_per_branch():
                 a -= a.grad  # one SGD step: each alpha leaves 0 along its own gradient
         values = [float(a.detach()) for a in alphas]
         assert (max(values) - min(values) == 0.0) == shared, (scheme, values)
+
+
+def test_init_embedding_writes_a_trainable_table_in_place():
+    """init_embedding is called on trainable parameters: it draws N(0, d^-1/2) and zeroes the pad
+    row without autograd recording the in-place writes."""
+    from runner.init.common import init_embedding
+
+    table = torch.nn.Parameter(torch.empty(50, 16))
+    torch.manual_seed(0)
+    init_embedding(table, 16, pad_index=1)
+    assert table.requires_grad and torch.count_nonzero(table[1]) == 0
+    assert table[2:].std().item() == pytest.approx(16 ** -0.5, rel=0.15)

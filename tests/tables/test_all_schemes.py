@@ -212,3 +212,13 @@ def test_the_lm_page_ranks_by_loss_and_sets_each_methods_rank_beside_translation
     assert "- mix_ln: **detected in one task only**. Language model: better (-0.05 [" in ranks
     assert "translation: no difference detected" in ranks.split("- mix_ln")[1].splitlines()[0]
     assert "- ln_scaling: **undecided**. Language model: incomplete;" in ranks
+
+
+def test_the_lm_table_leaves_out_the_untied_deepnorm_control():
+    """method=deepnorm_untied changes the tier's tied output, so it is no scheme of the LM
+    all-schemes table (nor of its Holm family against Pre-LN); the planned arms are."""
+    from runner.tables.all_schemes import LM_ALL_SCHEMES_SECTIONS, all_schemes_cells
+
+    methods = {c.arm["method"] for source in LM_ALL_SCHEMES_SECTIONS["Without warmup"]
+               for c in all_schemes_cells(source)}
+    assert methods == {"post_ln", "pre_ln", "deepnorm", "sigma_reparam_post_ln"}

@@ -582,6 +582,15 @@ def test_time_left_comes_from_the_records_of_a_cells_arm_else_its_model_shape(tm
             "minutes per cell for 18)") in out
     status = {r["target"]: r for r in real_tier_status(parallel=1)}["width"]
     assert status["remaining_s"] == pytest.approx(sum(e.seconds for e in estimates.values()))
+    # the preset's 70 minutes are a CPU's: no GPU estimate comes from them
+    assert all(e is None or e.source != "preset" for e in real.estimates("cuda"))
+    # a record of 128 wide at 6+6 times the 12+12 cells of that width, scaled by layers
+    with open(folder / "records.jsonl", "a") as f:
+        f.write(record(pick("post_ln", "128", "6", "0.001", 1), 6000.0) + "\n")
+    real = real_suite(TARGETS["width"])
+    deep = [e for c, e in zip(real.todo, real.estimates("cpu")) if c.arm["model.layers"] == "12"]
+    assert deep and all(e.source == "depth" and e.seconds == pytest.approx((6000.0 + RECORD_UNTIMED_S) * 2)
+                        for e in deep)
 
 
 def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch, capsys):

@@ -931,7 +931,8 @@ def test_the_prepared_gpu_call_rehearsed_on_cpu_returns_one_bundle(tmp_path):
 def test_time_left_in_a_pool_log_is_the_cells_estimates_not_the_pace_of_a_resumed_cell(tmp_path):
     """A resumed cell ends minutes after the pool starts it, so the pace since the start would put
     50 cells of an hour at an hour; the log's time left comes from the cells' estimates (a running
-    one: what is left of its estimate), else from the wall_s of the cells recorded so far."""
+    one: what is left of its estimate), else from the wall_s of the cells recorded so far, with the
+    queue given in order to the slot that frees first, as the pool does."""
     import time
 
     from runner.tables import pool
@@ -943,11 +944,14 @@ def test_time_left_in_a_pool_log_is_the_cells_estimates_not_the_pace_of_a_resume
     state = pool._Pool(jobs[:3], 2, None, compose=None)
     state.running.append((jobs[3], None, None))
     state.started[jobs[3].cell.name] = time.monotonic() - 50.0
-    # left: 100, 200, 300 queued and ~70 of the running one's 120, two at a time, longest first:
-    # 300 | 200 + 100, then 70 on either slot -> 370
-    assert state.left_s() == pytest.approx(370.0, abs=1.0)
+    # the running cell holds a slot for ~70 more seconds; the queue in order: 100 to the free
+    # slot, 200 after the running one (270), 300 after the 100 (400)
+    assert state.left_s() == pytest.approx(400.0, abs=1.0)
     unknown = pool._Pool([pool.Job(c, tmp_path, records) for c in cells[:3]], 1, None, compose=None)
     assert unknown.left_s() is None  # no estimate and nothing recorded yet
     unknown.walls += [1000.0, 3000.0]
     assert unknown.left_s() == pytest.approx(3 * 2000.0)  # the recorded cells' mean wall time
+    wide = pool._Pool([pool.Job(cells[0], tmp_path, records)], 4, None, compose=None)
+    wide.walls.append(3600.0)
+    assert wide.left_s() == pytest.approx(3600.0)  # one cell left takes a whole cell, however many slots
     assert pool._Pool([], 1, None, compose=None).left_s() == 0.0
