@@ -79,14 +79,15 @@ def run_real(target: Target, request: Request, tier: str = "real",
     device = cells_device(compose(todo[0].overrides)) if compose is not None and todo else None
     estimates = real.estimates(device or ("cuda" if gpu else "cpu"))
     known = [e.seconds for e in estimates if e is not None]
+    on_gpu = "; on a GPU, its records or the probe time the cells" if device == "cuda" and not gpu else ""
     if known:
-        where = "; on a GPU, its records or the probe time the cells" if device == "cuda" and not gpu else ""
         print(f"estimated wall time: ~{format_duration(estimate_wall_s(known, parallel))} for "
               f"{cell_count(len(known))}, {parallel} at a time ({per_cell_range(known)} per cell, from "
-              f"{describe_estimates(estimates)}{where})")
+              f"{describe_estimates(estimates)}{on_gpu})")
     elif todo:
-        print(f"estimated wall time: unknown (no record of this suite on {device or 'this device'}, and the "
-              f"preset's minutes per cell are for {'a GPU' if gpu else 'a CPU'}; records or a probe time the cells)")
+        print(f"estimated wall time: unknown for {cell_count(len(todo))}, {parallel} at a time (no record of "
+              f"this suite on {device or 'this device'}, and the preset's minutes per cell are for "
+              f"{'a GPU' if gpu else 'a CPU'}{on_gpu or '; its records time the cells once it has some'})")
     if request.dry_run:
         return 0
 
