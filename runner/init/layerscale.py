@@ -77,8 +77,9 @@ class LayerScale(InitScheme):
     @torch.no_grad()
     def apply(self, model, cfg, batch=None) -> dict:
         fairseq_xavier(model, cfg)
+        sides = stack_sides(model)  # init.json reports the stacks the model has
         depths = {side: depth for side, depth in stack_depths(model, cfg.init.layerscale_depth).items()
-                  if side in stack_sides(model)}
+                  if side in sides}
         epsilon = {side: layerscale_epsilon(depth) for side, depth in depths.items()}
         for ref in model.sublayers():
             ref.alpha.fill_(epsilon[ref.side])

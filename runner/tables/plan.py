@@ -17,7 +17,6 @@ from runner.run.status import OK, STALLED
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import find_run_dirs, read_cell
 from runner.tables import suite
-from runner.tables.pool import estimate_wall_s  # noqa: F401 (planning's name for it; the pool's ETA uses it too)
 from runner.tables.records import Records
 from runner.tables.targets import Part, Target
 

@@ -81,12 +81,18 @@ class PoolOutcome:
     trained: int = 0
 
 
-def estimate_wall_s(costs: Sequence[float], parallel: int) -> float:
-    """Wall time of cells run `parallel` at a time, longest first (what a pool of slots does)."""
-    slots = [0.0] * max(1, parallel)
-    for c in sorted(costs, reverse=True):
-        slots[slots.index(min(slots))] += c
+def fill_slots(costs: Sequence[float], parallel: int, busy: Sequence[float] = ()) -> float:
+    """Seconds until the last cell ends when `parallel` slots (the first ones busy for `busy`
+    seconds) take the cells of `costs`, in the order given, each to the slot that frees first."""
+    slots = [*busy, *[0.0] * max(0, max(1, parallel) - len(busy))]
+    for cost in costs:
+        slots[slots.index(min(slots))] += cost
     return max(slots)
+
+
+def estimate_wall_s(costs: Sequence[float], parallel: int) -> float:
+    """Wall time of cells run `parallel` at a time, longest first (a plan's estimate)."""
+    return fill_slots(sorted(costs, reverse=True), parallel)
 
 
 def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel: int,
@@ -294,24 +300,17 @@ class _Pool:
         wall_s, so a cell resumed from a checkpoint, which ends minutes after this pool started
         it, does not read as a fast one); None without either."""
         pending = [*self.queue, *(job for job, _, _ in self.running)]
-        if not pending:
-            return 0.0
-        if all(job.expected_s for job in pending):
-            def cost(job: Job) -> float:
-                return float(job.expected_s or 0.0)
-        elif self.walls:
-            mean = float(np.mean(self.walls))
-
-            def cost(job: Job) -> float:
-                return mean
-        else:
+        estimated = all(job.expected_s for job in pending)
+        if not (estimated or self.walls):
             return None
+        mean = float(np.mean(self.walls)) if self.walls else 0.0
+
+        def cost(job: Job) -> float:
+            return float(job.expected_s) if estimated else mean
+
         now = time.monotonic()
-        slots = [max(0.0, cost(job) - (now - self.started.get(job.cell.name, now))) for job, _, _ in self.running]
-        slots += [0.0] * max(0, self.parallel - len(slots))
-        for job in self.queue:
-            slots[slots.index(min(slots))] += cost(job)
-        return max(slots)
+        busy = [max(0.0, cost(job) - (now - self.started.get(job.cell.name, now))) for job, _, _ in self.running]
+        return fill_slots([cost(job) for job in self.queue], self.parallel, busy)
 
     def _count(self, ended: int, total: int) -> str:
         """The end of a finished cell's line in a log without the progress bar (not a terminal):

@@ -28,7 +28,6 @@ from runner.tables.plan import (
     Request,
     cell_count,
     describe_estimates,
-    estimate_wall_s,
     gpu_visible,
     per_cell_range,
     ran_whole_budget,
@@ -36,6 +35,7 @@ from runner.tables.plan import (
     record_device,
     sweep_dir_for,
 )
+from runner.tables.pool import estimate_wall_s
 from runner.tables.records import cell_key, results_root
 from runner.tables.report import write_report
 from runner.tables.rulebook import NOT_TRAINED

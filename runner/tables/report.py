@@ -210,14 +210,14 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              "differs, with the reason below the table ('-': a kind of claim the first rules had no "
              "rule for); a verdict that version 2 read differently is listed there too.", ""]
     judged = verdicts(preset, cells)
-    old = [o if v1_has_rule(o.claim) else v for v, o in zip(judged, verdicts(preset, cells, version=1))]
+    old = verdicts(preset, cells, version=1)
     rows = [[v.claim.id + (" †" if v.claim.added else ""), v.claim.text, v.measured, f"**{v.verdict}**",
              "-" if not v1_has_rule(v.claim) else "same" if o.verdict == v.verdict else o.verdict]
             for v, o in zip(judged, old)]
     lines += [markdown_table(["claim", "paper", "measured", "verdict", "rule book v1"], rows)
               if rows else "(none)", ""]
     changed = [f"- {v.claim.id}: {o.verdict} under v1, {v.verdict} now: {change_reason(o, v)}"
-               for v, o in zip(judged, old) if o.verdict != v.verdict]
+               for v, o in zip(judged, old) if v1_has_rule(v.claim) and o.verdict != v.verdict]
     if CURRENT > 2:
         changed += [f"- {v.claim.id}: {o.verdict} under v2, {v.verdict} now: {change_reason_v2(o, v)}"
                     for v, o in zip(judged, verdicts(preset, cells, version=2)) if o.verdict != v.verdict]

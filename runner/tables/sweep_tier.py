@@ -28,12 +28,11 @@ from runner.tables.plan import (
     Request,
     collect,
     estimate_cell_s,
-    estimate_wall_s,
     gpu_visible,
     part_dir,
     sweep_dir_for,
 )
-from runner.tables.pool import stop_cells
+from runner.tables.pool import estimate_wall_s, stop_cells
 from runner.tables.render import metric_for, write_outputs
 from runner.tables.targets import Part, Target
 

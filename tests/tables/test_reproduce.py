@@ -15,7 +15,8 @@ import yaml
 from runner.cli.reproduce import main as reproduce_main
 from runner.run.build import check_config
 from runner.sweep.plan import canonical, load_preset, plan_cells
-from runner.tables.plan import Outcome, collect, estimate_cell_s, estimate_wall_s, gpu_visible
+from runner.tables.plan import Outcome, collect, estimate_cell_s, gpu_visible
+from runner.tables.pool import estimate_wall_s
 from runner.tables.real_tier import real_tier_status
 from runner.tables.render import render_lipschitz, render_table2, render_tfixup_depth, write_outputs
 from runner.tables.targets import TARGETS
