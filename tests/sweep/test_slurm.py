@@ -90,22 +90,25 @@ needs_cli = pytest.mark.skipif(not DEEPINIT.exists(), reason="deepinit is not in
 
 
 @needs_cli
-def test_beta2_lr_grid_runs_as_one_job_array_and_reports_15_cells(tmp_path):
+def test_beta2_lr_grid_runs_as_one_job_array_and_reports_its_cells(tmp_path):
+    """The beta2_lr preset with its lr axis narrowed on the command line to 2 of its 5 values (a
+    command-line value replaces a preset's axis): 3 beta2 x 2 lr = 6 cells, one job array."""
     sweep_dir = tmp_path / "beta2_lr"
-    proc = _deepinit(sweep_dir, "+sweep=beta2_lr", "trainer.max_updates=6")
+    proc = _deepinit(sweep_dir, "+sweep=beta2_lr", "optim.lr=1e-4,5e-4", "trainer.max_updates=6")
     assert proc.returncode == 0, proc.stdout[-4000:]
-    # one sbatch script with a 15-task array, not 15 submissions
+    # one sbatch script with a 6-task array, not 6 submissions
     scripts = list((sweep_dir / ".submitit").rglob("*_submission.sh"))
-    assert any("#SBATCH --array=0-14" in s.read_text() for s in scripts)
+    assert any("#SBATCH --array=0-5" in s.read_text() for s in scripts)
     sweep = load_sweep(sweep_dir)
     n = sweep.counts()
-    assert (n["total"], n["done"], n["running"], n["pending"], n["failed"]) == (15, 15, 0, 0, 0)
+    assert (n["total"], n["done"], n["running"], n["pending"], n["failed"]) == (6, 6, 0, 0, 0)
     jobs = {json.loads((c.path / "env.json").read_text())["slurm_job_id"] for c in sweep.cells}
-    assert len(jobs) == 15 and None not in jobs  # each cell ran in its own SLURM job
+    assert len(jobs) == 6 and None not in jobs  # each cell ran in its own SLURM job
     assert main_report([str(sweep_dir), "--no-plots"]) == 0
     rows = list(csv.DictReader(open(sweep_dir / "report.csv")))
-    assert len(rows) == 15
+    assert len(rows) == 6
     assert {r["optim.beta2"] for r in rows} == {"0.99", "0.995", "0.999"}
+    assert {r["optim.lr"] for r in rows} == {"0.0001", "0.0005"}
     assert all(r["updates"] == "6" for r in rows if r["status"] == "ok")
 
 
