@@ -133,6 +133,8 @@ def resolve_args(args, cuda: bool) -> Optional[str]:
         return "--peer is its own comparison: leave out --reference and --compile both"
     if args.profile < 0:
         return f"--profile expects a number of updates >= 0, got {args.profile}"
+    if args.peak_gflops is not None and not args.peak_gflops > 0:  # also NaN
+        return f"--peak-gflops expects GFLOP/s > 0, got {args.peak_gflops}"
     if args.profile and (args.peer or args.reference):
         return "--profile profiles a plain bench run: leave out --peer and --reference"
     # --compile both: preset_entries makes each entry's two settings

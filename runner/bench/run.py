@@ -56,8 +56,13 @@ def run_bench(args, argv: list[str], compose: Callable[[list[str]], Config]) -> 
     report: dict[str, Any] = {"command": ["deepinit", "bench", *argv], "time": stamp,
                               "machine": machine_info(args.device, args.threads), "entries": []}
     with LoadProbe() as probe:
-        report["peak"] = (cuda_bf16_peak(torch.cuda.get_device_name()) if cuda
-                          else cpu_matmul_peak(args.threads))
+        if args.peak_gflops:
+            report["peak"] = {"gflops": args.peak_gflops, "dtype": "bf16" if cuda else "fp32",
+                              "source": "given (--peak-gflops)"}
+        elif cuda:
+            report["peak"] = cuda_bf16_peak(torch.cuda.get_device_name())
+        else:  # --quick is a smoke test: a rougher peak, ~0.5 s instead of ~4
+            report["peak"] = cpu_matmul_peak(args.threads, seconds=0.2 if args.quick else 1.5)
     report["peak"]["load"] = probe.as_dict()
     console.print(f"peak: {report['peak']['gflops']:,.0f} GFLOP/s {report['peak']['dtype']} "
                   f"({report['peak']['source']}); load average {os.getloadavg()[0]:.2f}")

@@ -32,7 +32,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "compiled, as entries NAME-eager and NAME-compiled)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke test: a few updates of the ci preset (or of --presets) and one "
-                        "2+2-layer depth entry (or --depths)")
+                        "2+2-layer depth entry (or --depths); the CPU peak measured for 0.2 s per "
+                        "matrix size, not 1.5 s")
+    p.add_argument("--peak-gflops", type=float, default=None, metavar="G",
+                   help="MFU against G GFLOP/s (a datasheet figure, or one measured before) instead "
+                        "of the CPU's measured fp32 matmul peak or the GPU's datasheet bf16 peak")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON path (default outputs/bench/bench-<time>.json; with --peer "
                         "outputs/bench/bench-peer-<time>.json)")

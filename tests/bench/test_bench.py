@@ -442,7 +442,7 @@ def test_sigint_during_a_bench_exits_130_with_one_line(tmp_path, started_with_si
 
     cmd = [sys.executable, "-m", "runner.cli", "bench", "--presets", "ci", "--device", "cpu", "--threads", "1",
            "--no-decode", "--depths", "--warmup", "1", "--steps", "100000", "--windows", "1",
-           "--out", str(tmp_path / "b.json"), "--work", str(tmp_path / "work")]
+           "--peak-gflops", "50", "--out", str(tmp_path / "b.json"), "--work", str(tmp_path / "work")]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
                             preexec_fn=ignore_sigint if started_with_sigint_ignored else None)
@@ -465,6 +465,32 @@ def test_sigint_during_a_bench_exits_130_with_one_line(tmp_path, started_with_si
     assert report["interrupted"] is True and report["entries"] == []
 
 
+def test_a_given_peak_replaces_the_measured_one(tmp_path, monkeypatch, capsys):
+    """--peak-gflops G: no matmul measurement; the report's peak, which every MFU divides by, is G."""
+    from runner.bench import run as bench_run
+    from runner.bench import workers
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("the CPU peak was measured although --peak-gflops was given")
+
+    def one_entry(entry, work, compose, kind="deepinit"):
+        return {"name": entry.name, "group": entry.group, "status": "failed", "error": "stand-in"}
+
+    monkeypatch.setattr(bench_run, "cpu_matmul_peak", no_measuring)
+    monkeypatch.setattr(workers, "run_isolated", one_entry)
+    out = tmp_path / "b.json"
+    assert main_bench(["--presets", "tiny", "--device", "cpu", "--threads", "1", "--depths", "--no-decode",
+                       "--peak-gflops", "123.5", "--out", str(out), "--work", str(tmp_path / "work")]) == 1  # failed entry
+    peak = json.loads(out.read_text())["peak"]
+    assert (peak["gflops"], peak["dtype"], peak["source"]) == (123.5, "fp32", "given (--peak-gflops)")
+    assert "peak 124 GFLOP/s fp32 (given (--peak-gflops))" in out.with_suffix(".md").read_text()
+    for bad in ("0", "-5", "nan"):
+        capsys.readouterr()
+        assert main_bench(["--presets", "tiny", "--device", "cpu", "--peak-gflops", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"deepinit: error: --peak-gflops expects GFLOP/s > 0, got {float(bad)}"]
+
+
 def test_an_interrupted_bench_keeps_the_entries_that_finished(tmp_path, monkeypatch, capsys):
     """A time limit that cuts a GPU call short must not lose the entries measured before it: the
     report is written after each entry and once more at the interrupt."""
@@ -481,7 +507,7 @@ def test_an_interrupted_bench_keeps_the_entries_that_finished(tmp_path, monkeypa
     monkeypatch.setattr(workers, "run_isolated", one_entry_then_interrupt)
     out = tmp_path / "b.json"
     code = main_bench(["--presets", "tiny", "ci", "--device", "cpu", "--threads", "1", "--depths",
-                       "--out", str(out), "--work", str(tmp_path / "work")])
+                       "--peak-gflops", "50", "--out", str(out), "--work", str(tmp_path / "work")])
     assert code == 130 and calls == ["tiny", "ci"]
     report = json.loads(out.read_text())
     assert report["interrupted"] is True
@@ -565,7 +591,7 @@ def test_an_interrupted_reference_comparison_keeps_its_finished_runs(tmp_path, m
     monkeypatch.setattr(workers, "run_isolated", three_runs_then_interrupt)
     out = tmp_path / "b.json"
     code = main_bench(["--presets", "tiny", "--reference", "--reps", "3", "--device", "cpu",
-                       "--threads", "1", "--depths", "--out", str(out), "--work", str(tmp_path / "work")])
+                       "--threads", "1", "--depths", "--peak-gflops", "50", "--out", str(out), "--work", str(tmp_path / "work")])
     assert code == 130 and calls == ["deepinit", "reference", "deepinit", "reference"]
     report = json.loads(out.read_text())
     assert [e["name"] for e in report["entries"]] == ["tiny"]
