@@ -13,18 +13,27 @@ from runner.files import atomic_write_text
 from runner.sweep.report import markdown_table
 from runner.tables.claims import selector_matches
 from runner.tables.report import (
-    BLEU_LAST_NOTE,
     MEAN_WORDS,
     SLOPE_NOTE,
     arm_columns,
     arm_row,
     arms_of,
+    bleu_last_note,
+    checkpoints_averaged,
     has_bleu_last,
     provenance,
 )
 from runner.tables.rulebook import NOT_TRAINED
 from runner.tables.statistics import holm, paired_t_test, summarize
-from runner.tables.suite import SuiteCell, cell_outcome, finite_mean, finite_values, results_dir, suite_decodes
+from runner.tables.suite import (
+    SuiteCell,
+    cell_outcome,
+    cell_preset,
+    finite_mean,
+    finite_values,
+    results_dir,
+    suite_decodes,
+)
 
 
 @dataclass
@@ -156,6 +165,8 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
     done = [c.record for _, parts in sections for part in parts for c in part.cells if c.record is not None]
     planned = sum(len(part.cells) for _, parts in sections for part in parts)
     last = any(has_bleu_last(part.cells) for _, parts in sections for part in parts)
+    last_note = bleu_last_note([checkpoints_averaged(cell_preset(part.cells[0])) for _, parts in sections
+                                for part in parts if part.cells and has_bleu_last(part.cells)]) if last else ""
     base_name = " ".join(f"{k}={v}" for k, v in (baseline[1] if baseline else {}).items())
     header = ["arm", "suite", *arm_columns(last), "CPU min", *([f"vs {base_name}"] if baseline else [])]
     lines = [f"# {title}", "", intro, "",
@@ -187,7 +198,7 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
                   *([""] if notes else [])]
     signature = signature_note(done)  # the sacreBLEU column's true signature
     lines += [SLOPE_NOTE, "", *([BASELINE_NOTE.format(name=base_name, label=metric.label), ""] if baseline else []),
-              *([signature, ""] if signature else []), *([BLEU_LAST_NOTE, ""] if last else []), *closing]
+              *([signature, ""] if signature else []), *([last_note, ""] if last else []), *closing]
     return "\n".join(lines)
 
 

@@ -3,19 +3,22 @@ intervals over seeds), notes on how cells failed or stopped, and each claim with
 written to results/<target>/<tier>/report.md with its plots (runner/tables/plots.py)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
+from runner.config import TrainerConfig
 from runner.decode.signature import signature_note
 from runner.files import atomic_write_text
+from runner.sweep.plan import load_preset
 from runner.sweep.report import markdown_table
-from runner.tables.claims import Verdict
+from runner.tables.claims import Verdict, claim_from_dict, selector_matches
 from runner.tables.plots import grid_axes, plot_curves, plot_grid, plot_transfer, transfer_panels
 from runner.tables.rulebook import CURRENT, blow_up_cause, describe, rulebook
-from runner.tables.statistics import Summary, summarize
+from runner.tables.statistics import Summary, paired_difference, summarize
 from runner.tables.suite import (
     SuiteCell,
     cell_bleu_last,
@@ -29,9 +32,25 @@ from runner.tables.suite import (
     verdicts,
 )
 
-BLEU_LAST_NOTE = ("BLEU last ckpt: the tokenized BLEU of each ok seed's last checkpoint alone "
-                  "(trainer.final_bleu_last, or measured afterwards: last-checkpoint-bleu.jsonl), beside "
-                  "BLEU (tok) of the last 5 checkpoints averaged; '-' unless every ok seed of the arm has it.")
+
+def bleu_last_note(averaged: Sequence[int]) -> str:
+    """The note on the "BLEU last ckpt" column; `averaged`: how many checkpoints BLEU (tok) averages
+    (one number per suite of the table)."""
+    counts = " or ".join(str(n) for n in sorted(set(averaged)))
+    return ("BLEU last ckpt: the tokenized BLEU of each ok seed's last checkpoint alone "
+            "(trainer.final_bleu_last, or measured afterwards: last-checkpoint-bleu.jsonl), beside "
+            f"BLEU (tok) of the last {counts} checkpoints averaged; '-' unless every ok seed of the arm has it.")
+
+
+def checkpoints_averaged(preset: str) -> int:
+    """How many numbered checkpoints a suite's final BLEU averages: the last
+    trainer.eval_average_last of the trainer.keep_checkpoints it keeps (the Config's defaults where
+    the preset sets neither)."""
+    trainer = load_preset(preset).get("trainer") or {}
+    fields = {f.name: f.default for f in dataclasses.fields(TrainerConfig)}
+    keep = int(trainer.get("keep_checkpoints", fields["keep_checkpoints"]))
+    average = int(trainer.get("eval_average_last", fields["eval_average_last"]))
+    return min(keep, average) if keep > 0 else average
 SLOPE_NOTE = ("slope: change of the validation loss per 1,000 updates from each run's last validation at least "
               "400 updates before its end (mean over the arm's ok seeds); near 0 when the curve has flattened.")
 
@@ -158,10 +177,12 @@ def blow_up_note(cells: Sequence[SuiteCell]) -> str:
                if "unknown" in causes else "."))
 
 
-def stop_note(cells: Sequence[SuiteCell]) -> str:
-    """Where the stopping rule ended the runs of a suite that sets one ("" when no record has it)."""
+def stop_note(cells: Sequence[SuiteCell], rule_set: bool = False) -> str:
+    """Where the stopping rule ended the runs of a suite that sets one: `rule_set`, the preset sets
+    trainer.early_stop (else read from the records; "" when none has it). A suite whose every run
+    reached the cap says so too."""
     ran = [c.record for c in cells if c.record is not None and c.record.get("stopped_early") is not None]
-    if not ran or not any(r.get("early_stop") or r.get("stopped_early") for r in ran):
+    if not ran or not (rule_set or any(r.get("early_stop") or r.get("stopped_early") for r in ran)):
         return ""
     stopped = sorted(r["stop_update"] for r in ran if r.get("stopped_early"))
     capped = len(ran) - len(stopped)
@@ -173,11 +194,58 @@ def stop_note(cells: Sequence[SuiteCell]) -> str:
     return text + "."
 
 
+def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
+    """For each pair of arms a "better" claim compares whose warmups differ (T-Fixup without
+    warmup against Pre-LN with 500 updates of it): the validation loss of A minus B's at the same
+    number of updates after each arm's own warmup, paired by seed, at the last such point that the
+    validation curves of every pair have; "" when no claim compares such arms or no pair has one."""
+    claims = [claim_from_dict(raw) for raw in (load_preset(preset).get("sweep") or {}).get("claims") or []]
+    lines, seen = [], set()
+    for claim in claims:
+        if claim.b is None or claim.kind != "better":
+            continue
+        warmups = [sel.get("warmup.updates") for sel in (claim.a, claim.b)]
+        if None in warmups or warmups[0] == warmups[1] or (str(claim.a), str(claim.b)) in seen:
+            continue
+        seen.add((str(claim.a), str(claim.b)))
+        wa, wb = (int(str(w)) for w in warmups)
+        curves = [{c.seed: dict((int(step), loss) for step, loss in c.record.get("valid_curve") or [])
+                   for c in cells if c.record is not None and cell_outcome(c.record, False) == "ok"
+                   and selector_matches(c.arm, sel)} for sel in (claim.a, claim.b)]
+        seeds = sorted(set(curves[0]) & set(curves[1]))
+        common = set.intersection(*[{step - wa for step in curves[0][s]} & {step - wb for step in curves[1][s]}
+                                    for s in seeds]) if seeds else set()
+        if not common:
+            continue
+        after = max(common)
+        a = {s: curves[0][s][after + wa] for s in seeds}
+        b = {s: curves[1][s][after + wb] for s in seeds}
+        diff = paired_difference(a, b)
+        each = ", ".join(f"seed {s} {a[s] - b[s]:+.3f}" for s in seeds)
+        interval = ("" if diff.std is None else
+                    f" [95% paired t {diff.ci_low:+.3f}, {diff.ci_high:+.3f}]")
+        lines.append(f"- {_selector_text(claim.a)} - {_selector_text(claim.b)}: {diff.mean:+.3f}{interval} "
+                     f"at {after:,} updates after warmup (updates {after + wa:,} and {after + wb:,}), "
+                     f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({each})")
+    if not lines:
+        return ""
+    return "\n".join(["Equal updates after warmup: the validation loss (nats; lower is better) of each "
+                      "pair of arms a claim compares whose warmups differ, each at the same number of "
+                      "updates after its own warmup, paired by seed (ok seeds), at the last validation "
+                      "every pair has:", *lines])
+
+
+def _selector_text(selector) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector.items())
+
+
 def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
     done = [c.record for c in cells if c.record is not None]
     gpu = tier == "gpu"
     last = has_bleu_last(cells)
     signature = signature_note(done)  # the sacreBLEU column's true signature
+    stops = bool((load_preset(preset).get("trainer") or {}).get("early_stop"))
+    after_warmup = equal_updates_after_warmup(preset, cells) if stops else ""
     header = ["arm", *arm_columns(last), "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
     lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
              f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
@@ -187,10 +255,11 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              provenance(done), "",
              markdown_table(header, arm_rows(cells, gpu, last)), "",
              *([blow_up_note(cells), ""] if blow_up_note(cells) else []),
-             *([stop_note(cells), ""] if stop_note(cells) else []),
+             *([stop_note(cells, stops), ""] if stop_note(cells, stops) else []),
+             *([after_warmup, ""] if after_warmup else []),
              SLOPE_NOTE, "",
              *([signature, ""] if signature else []),
-             *([BLEU_LAST_NOTE, ""] if last else []),
+             *([bleu_last_note([checkpoints_averaged(preset)]), ""] if last else []),
              *(["s/update: training seconds per update; peak MiB: the CUDA allocator's peak of "
                 "the cell's process (means over the arm's trained seeds, whatever their status).",
                 ""] if gpu else []),

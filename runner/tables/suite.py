@@ -98,9 +98,14 @@ def seed_major(cells: Sequence[SuiteCell]) -> list[SuiteCell]:
     return sorted((c for c in cells if c.record is None), key=lambda c: c.seed)
 
 
+def cell_preset(cell: SuiteCell) -> Optional[str]:
+    """The name of the preset (sweeps/<name>.yaml) a cell was planned from (None without one)."""
+    return next((o.split("=", 1)[1] for o in cell.overrides if o.startswith("+sweep=")), None)
+
+
 def load_preset_value(cell: SuiteCell, dotted: str) -> Optional[float]:
     """A number the cell's preset sets (None when it does not)."""
-    preset = next((o.split("=", 1)[1] for o in cell.overrides if o.startswith("+sweep=")), None)
+    preset = cell_preset(cell)
     node: object = load_preset(preset) if preset else {}
     for part in dotted.split("."):
         node = node.get(part) if isinstance(node, dict) else None

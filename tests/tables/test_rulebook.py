@@ -299,6 +299,56 @@ def test_reports_say_when_diverged_cells_blew_up_and_where_the_stopping_rule_end
     note = stop_note(runs)
     assert note.startswith("Stopping rule: 2 of 3 cells stopped on a flat curve (at update 5,000 to 6,250); 1 reached the cap")
     assert stop_note([cell(1, {"status": "ok", "stopped_early": False, "early_stop": None})]) == ""
+    # a suite whose preset sets the rule says so even when every run reached the cap, and from
+    # records that do not carry the rule (made before records kept trainer.early_stop)
+    capped = [cell(s, {"status": "ok", "stopped_early": False, "stop_update": None}) for s in (1, 2)]
+    assert stop_note(capped) == ""
+    assert stop_note(capped, rule_set=True) == ("Stopping rule: 0 of 2 cells stopped on a flat curve; 2 reached "
+                                                "the cap still improving, so their scores are at a budget, not "
+                                                "at convergence.")
+
+
+def test_the_converged_suite_reports_the_checkpoints_it_averages_and_equal_updates_after_warmup():
+    """table2-converged averages the last 6 of its 6 kept checkpoints (table2's suite the last 5),
+    and compares T-Fixup (no warmup) with Pre-LN (500 warmup updates) at the same number of
+    updates after each one's warmup; the expected differences are computed here by hand."""
+    from runner.tables import suite
+    from runner.tables.report import bleu_last_note, checkpoints_averaged, equal_updates_after_warmup, render
+
+    assert checkpoints_averaged("reproduce_table2_converged_real") == 6
+    assert checkpoints_averaged("reproduce_table2_real") == 5
+    assert "BLEU (tok) of the last 6 checkpoints averaged" in bleu_last_note([6, 6])
+    assert "the last 5 or 6 checkpoints averaged" in bleu_last_note([6, 5])
+
+    cells = suite.plan("reproduce_table2_converged_real")
+    # validation every 250 updates: T-Fixup's seed s to update 6,000, Pre-LN's to 6,250 (seed 3: 5,750)
+    def curve(last, level):
+        return [[u, level + 1000.0 / u] for u in range(250, last + 1, 250)]
+
+    stops = {("tfixup", s): 6000 for s in (1, 2, 3)} | {("pre_ln", 1): 6250, ("pre_ln", 2): 6250,
+                                                        ("pre_ln", 3): 5750}
+    level = {"tfixup": 3.0, "pre_ln": 3.1}
+    for c in cells:
+        method = c.arm["method"]
+        if method in level:
+            c.record = {"status": "ok", "stalled": False, "stopped_early": False, "valid_curve": curve(stops[method, c.seed],
+                                                                                  level[method] + 0.01 * c.seed)}
+    text = equal_updates_after_warmup("reproduce_table2_converged_real", cells)
+    # the last point every pair has: Pre-LN seed 3 ends at 5,750 = 5,250 after its warmup
+    after = 5250
+    diffs = {s: (3.0 + 0.01 * s + 1000 / after) - (3.1 + 0.01 * s + 1000 / (after + 500)) for s in (1, 2, 3)}
+    mean = statistics.mean(diffs.values())
+    assert f"method=tfixup,warmup.updates=0 - method=pre_ln,warmup.updates=500: {mean:+.3f}" in text
+    assert "at 5,250 updates after warmup (updates 5,250 and 5,750), 3 seeds" in text
+    assert f"seed 1 {diffs[1]:+.3f}" in text
+    # all three differences are equal: a zero-width paired t interval
+    assert f"[95% paired t {mean:+.3f}, {mean:+.3f}]" in text
+    assert text.count("\n- ") == 1  # the claims on BLEU and on the last checkpoint share the pair
+    report = render("table2-converged", "T", "reproduce_table2_converged_real", cells)
+    assert text in report and "Stopping rule: 0 of 6 cells stopped" in report
+    # a suite without a claim across warmups, or without records, has no such line
+    assert equal_updates_after_warmup("reproduce_table2_converged_real", suite.plan("reproduce_table2_converged_real")) == ""
+    assert equal_updates_after_warmup("reproduce_width_real", suite.plan("reproduce_width_real")) == ""
 
 
 def test_a_claim_about_the_last_checkpoint_meets_the_bar_there():

@@ -80,6 +80,11 @@ def test_the_rule_stops_at_the_update_the_validation_curve_gives(reference, stop
     assert result["stopped_early"] is True and result["stop_update"] == want
     assert result["updates"] == want
     assert result["early_stop"] == {**RULE, "last_improvement": _last_improvement(curve, want)}
+    # a suite's record keeps the rule with the stop, so its report can say where runs stopped
+    from runner.tables.records import record_from_run
+    record = record_from_run(stopped, [], {}, 1)
+    assert (record["stopped_early"], record["stop_update"], record["early_stop"]) == (
+        True, want, result["early_stop"])
     assert want - result["early_stop"]["last_improvement"] >= RULE["window"]
     # the same training up to the stop, nothing after it; the final checkpoint is at the stop
     got = records(stopped)
