@@ -2,6 +2,7 @@
 the entries (one measurement each, run in its own process by runner/bench/workers.py) of a call."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -133,7 +134,7 @@ def resolve_args(args, cuda: bool) -> Optional[str]:
         return "--peer is its own comparison: leave out --reference and --compile both"
     if args.profile < 0:
         return f"--profile expects a number of updates >= 0, got {args.profile}"
-    if args.peak_gflops is not None and not args.peak_gflops > 0:  # also NaN
+    if args.peak_gflops is not None and not (math.isfinite(args.peak_gflops) and args.peak_gflops > 0):
         return f"--peak-gflops expects GFLOP/s > 0, got {args.peak_gflops}"
     if args.profile and (args.peer or args.reference):
         return "--profile profiles a plain bench run: leave out --peer and --reference"

@@ -13,6 +13,7 @@ import numpy as np
 from runner.config import TrainerConfig
 from runner.decode.signature import signature_note
 from runner.files import atomic_write_text
+from runner.run.status import DIVERGED, FAILED, run_status
 from runner.sweep.plan import load_preset
 from runner.sweep.report import markdown_table
 from runner.tables.claims import Verdict, claim_from_dict, selector_matches
@@ -50,7 +51,11 @@ def checkpoints_averaged(preset: str) -> int:
     fields = {f.name: f.default for f in dataclasses.fields(TrainerConfig)}
     keep = int(trainer.get("keep_checkpoints", fields["keep_checkpoints"]))
     average = int(trainer.get("eval_average_last", fields["eval_average_last"]))
-    return min(keep, average) if keep > 0 else average
+    # runner/run/evaluate.py select_checkpoints: checkpoint_last.pt alone without numbered ones
+    # or with average_last <= 1
+    return min(keep, average) if keep > 0 and average > 1 else 1
+
+
 SLOPE_NOTE = ("slope: change of the validation loss per 1,000 updates from each run's last validation at least "
               "400 updates before its end (mean over the arm's ok seeds); near 0 when the curve has flattened.")
 
@@ -181,7 +186,8 @@ def stop_note(cells: Sequence[SuiteCell], rule_set: bool = False) -> str:
     """Where the stopping rule ended the runs of a suite that sets one: `rule_set`, the preset sets
     trainer.early_stop (else read from the records; "" when none has it). A suite whose every run
     reached the cap says so too."""
-    ran = [c.record for c in cells if c.record is not None and c.record.get("stopped_early") is not None]
+    ran = [c.record for c in cells if c.record is not None and c.record.get("stopped_early") is not None
+           and (run_status(dict(c.record)) or FAILED) not in (DIVERGED, FAILED)]  # neither stopped nor capped
     if not ran or not (rule_set or any(r.get("early_stop") or r.get("stopped_early") for r in ran)):
         return ""
     stopped = sorted(r["stop_update"] for r in ran if r.get("stopped_early"))
@@ -194,32 +200,64 @@ def stop_note(cells: Sequence[SuiteCell], rule_set: bool = False) -> str:
     return text + "."
 
 
+def _cell_warmup(cell: SuiteCell) -> Optional[int]:
+    """The cell's warmup updates: its arm's value, else its preset's (None when neither sets it)."""
+    value = cell.arm.get("warmup.updates")
+    number = load_preset_value(cell, "warmup.updates") if value is None else _float_or_none(value)
+    return int(number) if number is not None and math.isfinite(number) else None
+
+
+def _float_or_none(value) -> Optional[float]:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _arm_curves(cells: Sequence[SuiteCell], selector, decoded: bool) -> Optional[tuple[int, dict]]:
+    """(warmup, {seed: {update: validation loss}}) of the one arm `selector` picks, over the seeds
+    the means average and their finite validation losses; None when it picks no arm or several,
+    or cells whose warmup is unknown."""
+    picked = [c for c in cells if selector_matches(c.arm, selector)]
+    warmups = {_cell_warmup(c) for c in picked}
+    if not picked or len({tuple(sorted(c.arm.items())) for c in picked}) != 1 or None in warmups:
+        return None
+    curves = {}
+    for c in picked:
+        if c.record is None or cell_outcome(c.record, decoded) not in ("ok", "below_bar"):
+            continue
+        curve = {int(step): float(loss) for step, loss in c.record.get("valid_curve") or []
+                 if isinstance(loss, (int, float)) and math.isfinite(loss)}
+        if curve:
+            curves[c.seed] = curve
+    return warmups.pop(), curves
+
+
 def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
     """For each pair of arms a "better" claim compares whose warmups differ (T-Fixup without
     warmup against Pre-LN with 500 updates of it): the validation loss of A minus B's at the same
     number of updates after each arm's own warmup, paired by seed, at the last such point that the
-    validation curves of every pair have; "" when no claim compares such arms or no pair has one."""
+    validation curves of every pair have; "" when no claim compares such arms or no pair has one.
+    Seeds: those the means average (not diverged, collapsed or stalled) with a validation curve."""
     claims = [claim_from_dict(raw) for raw in (load_preset(preset).get("sweep") or {}).get("claims") or []]
+    decoded = suite_decodes(cells)
     lines, seen = [], set()
     for claim in claims:
         if claim.b is None or claim.kind != "better":
             continue
-        warmups = [sel.get("warmup.updates") for sel in (claim.a, claim.b)]
-        if None in warmups or warmups[0] == warmups[1] or (str(claim.a), str(claim.b)) in seen:
+        arms = [_arm_curves(cells, sel, decoded) for sel in (claim.a, claim.b)]
+        if None in arms or arms[0][0] == arms[1][0] or (str(claim.a), str(claim.b)) in seen:
             continue
         seen.add((str(claim.a), str(claim.b)))
-        wa, wb = (int(str(w)) for w in warmups)
-        curves = [{c.seed: dict((int(step), loss) for step, loss in c.record.get("valid_curve") or [])
-                   for c in cells if c.record is not None and cell_outcome(c.record, False) == "ok"
-                   and selector_matches(c.arm, sel)} for sel in (claim.a, claim.b)]
-        seeds = sorted(set(curves[0]) & set(curves[1]))
-        common = set.intersection(*[{step - wa for step in curves[0][s]} & {step - wb for step in curves[1][s]}
+        (wa, curves_a), (wb, curves_b) = arms
+        seeds = sorted(set(curves_a) & set(curves_b))
+        common = set.intersection(*[{step - wa for step in curves_a[s]} & {step - wb for step in curves_b[s]}
                                     for s in seeds]) if seeds else set()
         if not common:
             continue
         after = max(common)
-        a = {s: curves[0][s][after + wa] for s in seeds}
-        b = {s: curves[1][s][after + wb] for s in seeds}
+        a = {s: curves_a[s][after + wa] for s in seeds}
+        b = {s: curves_b[s][after + wb] for s in seeds}
         diff = paired_difference(a, b)
         each = ", ".join(f"seed {s} {a[s] - b[s]:+.3f}" for s in seeds)
         interval = ("" if diff.std is None else
@@ -231,8 +269,8 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
         return ""
     return "\n".join(["Equal updates after warmup: the validation loss (nats; lower is better) of each "
                       "pair of arms a claim compares whose warmups differ, each at the same number of "
-                      "updates after its own warmup, paired by seed (ok seeds), at the last validation "
-                      "every pair has:", *lines])
+                      "updates after its own warmup, paired by seed (the seeds the means average), at "
+                      "the last validation every pair has:", *lines])
 
 
 def _selector_text(selector) -> str:

@@ -484,7 +484,7 @@ def test_a_given_peak_replaces_the_measured_one(tmp_path, monkeypatch, capsys):
     peak = json.loads(out.read_text())["peak"]
     assert (peak["gflops"], peak["dtype"], peak["source"]) == (123.5, "fp32", "given (--peak-gflops)")
     assert "peak 124 GFLOP/s fp32 (given (--peak-gflops))" in out.with_suffix(".md").read_text()
-    for bad in ("0", "-5", "nan"):
+    for bad in ("0", "-5", "nan", "inf"):
         capsys.readouterr()
         assert main_bench(["--presets", "tiny", "--device", "cpu", "--peak-gflops", bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -151,19 +151,23 @@ def test_gpu_tiers_claims_name_arms_they_train():
 def composed_arms() -> dict:
     """{(preset, arm): (cell, (config, group choices, task overrides))} of the first cell of every
     arm of every real- and gpu-tier suite, composed once for the tests that read them. Arms that
-    differ only in their learning rate are composed once (the first lr): no check reads the lr's
-    value, and they are 70 of the 180 arms (a Hydra compose is ~0.2 s)."""
+    differ only in their learning rate (70 of the 180; a Hydra compose is ~0.2 s) are composed
+    once, at their smallest lr: check_config reads the lr only in lower bounds on it (min_lr and
+    the warmup's initial lr must not exceed it), which the smallest lr meets if any does."""
     from runner.cli.compose import compose_run
     from runner.tables import suite
 
-    arms = {}
+    def lr(cell) -> float:
+        return float(cell.arm.get("optim.lr", "inf"))
+
+    firsts = {}
     for target in TARGETS.values():
         for part in (*target.parts.get("real", ()), *target.parts.get("gpu", ())):
             for cell in suite.plan(part.preset):
                 key = (part.preset, tuple((k, v) for k, v in cell.arm.items() if k != "optim.lr"))
-                if key not in arms:
-                    arms[key] = (cell, compose_run(cell.overrides))
-    return arms
+                if key not in firsts or lr(cell) < lr(firsts[key]):
+                    firsts[key] = cell
+    return {key: (cell, compose_run(cell.overrides)) for key, cell in firsts.items()}
 
 
 def test_every_real_tier_arm_composes_and_validates(composed_arms):

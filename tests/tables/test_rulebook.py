@@ -308,12 +308,18 @@ def test_reports_say_when_diverged_cells_blew_up_and_where_the_stopping_rule_end
                                                 "at convergence.")
 
 
-def test_the_converged_suite_reports_the_checkpoints_it_averages_and_equal_updates_after_warmup():
+def test_the_converged_suite_reports_the_checkpoints_it_averages_and_equal_updates_after_warmup(monkeypatch):
     """table2-converged averages the last 6 of its 6 kept checkpoints (table2's suite the last 5),
     and compares T-Fixup (no warmup) with Pre-LN (500 warmup updates) at the same number of
     updates after each one's warmup; the expected differences are computed here by hand."""
     from runner.tables import suite
-    from runner.tables.report import bleu_last_note, checkpoints_averaged, equal_updates_after_warmup, render
+    from runner.tables.report import (
+        bleu_last_note,
+        checkpoints_averaged,
+        equal_updates_after_warmup,
+        render,
+        stop_note,
+    )
 
     assert checkpoints_averaged("reproduce_table2_converged_real") == 6
     assert checkpoints_averaged("reproduce_table2_real") == 5
@@ -322,30 +328,50 @@ def test_the_converged_suite_reports_the_checkpoints_it_averages_and_equal_updat
 
     cells = suite.plan("reproduce_table2_converged_real")
     # validation every 250 updates: T-Fixup's seed s to update 6,000, Pre-LN's to 6,250 (seed 3: 5,750)
-    def curve(last, level):
-        return [[u, level + 1000.0 / u] for u in range(250, last + 1, 250)]
+    def curve(last, level, scale):
+        return [[u, level + scale / u] for u in range(250, last + 1, 250)]
 
     stops = {("tfixup", s): 6000 for s in (1, 2, 3)} | {("pre_ln", 1): 6250, ("pre_ln", 2): 6250,
                                                         ("pre_ln", 3): 5750}
     level = {"tfixup": 3.0, "pre_ln": 3.1}
     for c in cells:
         method = c.arm["method"]
-        if method in level:
-            c.record = {"status": "ok", "stalled": False, "stopped_early": False, "valid_curve": curve(stops[method, c.seed],
-                                                                                  level[method] + 0.01 * c.seed)}
+        if method in level:  # each seed its own curve: a mispairing would change the differences
+            c.record = {"status": "ok", "stalled": False, "stopped_early": False,
+                        "valid_curve": curve(stops[method, c.seed], level[method] + 0.01 * c.seed,
+                                             1000.0 * c.seed if method == "tfixup" else 500.0)}
     text = equal_updates_after_warmup("reproduce_table2_converged_real", cells)
     # the last point every pair has: Pre-LN seed 3 ends at 5,750 = 5,250 after its warmup
     after = 5250
-    diffs = {s: (3.0 + 0.01 * s + 1000 / after) - (3.1 + 0.01 * s + 1000 / (after + 500)) for s in (1, 2, 3)}
-    mean = statistics.mean(diffs.values())
+    diffs = {s: (3.0 + 0.01 * s + 1000 * s / after) - (3.1 + 0.01 * s + 500 / (after + 500)) for s in (1, 2, 3)}
+    mean, sd = statistics.mean(diffs.values()), statistics.stdev(diffs.values())
+    half = stats.t.ppf(0.975, 2) * sd / math.sqrt(3)
     assert f"method=tfixup,warmup.updates=0 - method=pre_ln,warmup.updates=500: {mean:+.3f}" in text
+    assert f"[95% paired t {mean - half:+.3f}, {mean + half:+.3f}]" in text
     assert "at 5,250 updates after warmup (updates 5,250 and 5,750), 3 seeds" in text
-    assert f"seed 1 {diffs[1]:+.3f}" in text
-    # all three differences are equal: a zero-width paired t interval
-    assert f"[95% paired t {mean:+.3f}, {mean:+.3f}]" in text
+    assert ", ".join(f"seed {s} {diffs[s]:+.3f}" for s in (1, 2, 3)) in text
     assert text.count("\n- ") == 1  # the claims on BLEU and on the last checkpoint share the pair
     report = render("table2-converged", "T", "reproduce_table2_converged_real", cells)
     assert text in report and "Stopping rule: 0 of 6 cells stopped" in report
+
+    # a seed without a curve drops out; a non-finite loss is no validation (the point moves back)
+    by_arm_seed = {(c.arm["method"], c.seed): c for c in cells}
+    by_arm_seed["pre_ln", 1].record["valid_curve"] = []
+    by_arm_seed["tfixup", 2].record["valid_curve"][after // 250 - 1][1] = float("nan")
+    text = equal_updates_after_warmup("reproduce_table2_converged_real", cells)
+    assert "at 5,000 updates after warmup (updates 5,000 and 5,500), 2 seeds (seed 2 " in text
+    # selectors that leave the warmup out read it from the arms they pick
+    from runner.tables import report as report_module
+    preset = report_module.load_preset("reproduce_table2_converged_real")
+    unnamed = {**preset, "sweep": {**preset["sweep"], "claims": [
+        {"id": "x", "text": "x", "kind": "better", "metric": "bleu", "paper_effect": 1.0,
+         "a": {"method": "tfixup"}, "b": {"method": "pre_ln"}}]}}
+    monkeypatch.setattr(report_module, "load_preset", lambda name: unnamed)
+    assert "- method=tfixup - method=pre_ln: " in equal_updates_after_warmup("any", cells)
+    monkeypatch.undo()
+    # a diverged run neither stopped nor reached the cap
+    by_arm_seed["admin", 1].record = {"status": "diverged", "stopped_early": False, "stop_update": None}
+    assert "0 of 6 cells stopped" in stop_note(cells, rule_set=True)
     # a suite without a claim across warmups, or without records, has no such line
     assert equal_updates_after_warmup("reproduce_table2_converged_real", suite.plan("reproduce_table2_converged_real")) == ""
     assert equal_updates_after_warmup("reproduce_width_real", suite.plan("reproduce_width_real")) == ""
