@@ -56,6 +56,11 @@ _OWN_KEYS = ("gpus", "gpus_per_cell", "cpu_parallelism", "poll_s", "setup", "sub
              "max_num_timeout", "stop_grace_s")
 _FALSE = ("false", "0", "no", "off")
 _CONTROLLER = "submitit.local._local"  # submitit's per-job controller (and its `sh -c` wrapper)
+# SLURM states of a job that ended without returning (killed from outside, or by the machine):
+# submitit would still wait its _results_timeout_s (15 s) for a result file, per cell in turn
+# (a cancelled 100-cell array: 25 minutes).
+_NO_RESULT_STATES = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE", "NODE_FAIL", "OUT_OF_MEMORY",
+                     "BOOT_FAIL")
 
 
 def _completed(overrides: Sequence[str], note: Any = None) -> JobReturn:
@@ -112,6 +117,10 @@ class _CellsMixin:
     def _collect(self, job: Any, overrides: Sequence[str], idx: int) -> JobReturn:
         """The cell's JobReturn; a job that ended without one is recorded in its run folder."""
         try:
+            job.wait()
+            ended = str(getattr(job, "state", "") or "").split(" ")[0].upper()
+            if ended in _NO_RESULT_STATES and not job.paths.result_pickle.exists():
+                raise submitit.core.utils.UncompletedJobError(f"job {job.job_id} {ended} before returning")
             ret = job.results()[0]
             if ret.status != JobStatus.FAILED:
                 return ret

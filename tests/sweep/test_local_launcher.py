@@ -169,3 +169,40 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes_the_cells(tmp_path):
     assert [r["resumed"] for r in results] == [True, True, False]
     assert all(r["updates"] == 100 for r in results)
     assert not any((d / "interrupted.json").exists() for d in cells)
+
+
+def test_the_slurm_launcher_reads_a_cancelled_job_without_waiting_for_its_result(tmp_path):
+    """A job SLURM cancelled (or killed for time, memory or a node) never writes its result:
+    collecting it must not wait submitit's 15-s grace for a result file, one cell after another.
+    (The real cancellation runs in tests/sweep/test_slurm.py; this checks which path it takes.)"""
+    from types import SimpleNamespace
+
+    from hydra_plugins.deepinit_launcher.launcher import SlurmSweepLauncher
+
+    class EndedJob:
+        job_id = "7_0"
+        paths = SimpleNamespace(result_pickle=tmp_path / "7_0_result.pkl", stdout="o", stderr="e")
+
+        def __init__(self, state):
+            self.state = state
+
+        def wait(self):
+            pass
+
+        def results(self):
+            raise AssertionError("waited for the result of a job that ended without one")
+
+    launcher = SlurmSweepLauncher.__new__(SlurmSweepLauncher)
+    launcher._cell_dir = lambda overrides, idx: None
+    for state in ("CANCELLED by 0", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"):
+        ret = launcher._collect(EndedJob(state), ["trainer.seed=1"], 0)
+        assert "before returning" in str(ret.return_value) and state.split()[0] in str(ret.return_value)
+
+    from hydra.core.utils import JobReturn, JobStatus
+    returned = JobReturn(overrides=["trainer.seed=1"], status=JobStatus.COMPLETED)
+
+    class FinishedJob(EndedJob):  # a job that ended normally keeps submitit's wait for its file
+        def results(self):
+            return [returned]
+
+    assert launcher._collect(FinishedJob("COMPLETED"), ["trainer.seed=1"], 0) is returned
