@@ -165,7 +165,7 @@ TARGETS: dict[str, Target] = {
         {"real": (Part("reproduce_table2_converged_real"),)}),
     "width": Target(
         "width", "Post-LN vs Pre-LN without warmup by width: does the stall become a blow-up?",
-        {"real": (Part("reproduce_width_real"),)}),
+        {"real": (Part("reproduce_width_real"),), "gpu": (Part("reproduce_width_gpu"),)}),
     # task=lm: the methods since 2022 in the decoder-only setting their papers used
     "lm": Target(
         "lm", "Decoder-only LM (shakespeare_char), 12 and 24 layers: Post-LN vs Pre-LN, DeepNorm, sigma-reparam, "

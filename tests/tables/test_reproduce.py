@@ -3,6 +3,7 @@ folders, the paper-scale refusal, and one real cell end to end (resumed as a no-
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -126,7 +127,7 @@ def test_gpu_tiers_claims_name_arms_they_train():
     from runner.tables.claims import claim_from_dict, selector_matches
 
     gpu = [(name, part) for name, t in TARGETS.items() for part in t.parts.get("gpu", ())]
-    assert sorted(name for name, _ in gpu) == ["table2", "tfixup-depth"]
+    assert sorted(name for name, _ in gpu) == ["table2", "tfixup-depth", "width"]
     for name, part in gpu:
         cells = suite.plan(part.preset)
         sweep = load_preset(part.preset)["sweep"]
@@ -145,6 +146,25 @@ def test_gpu_tiers_claims_name_arms_they_train():
     assert (deepest.model.dim, deepest.model.ffn_dim, deepest.model.heads) == (64, 128, 2)
     assert deepest.model.num_encoder_layers == deepest.model.num_decoder_layers == 200
     assert deepest.trainer.max_updates == 2000 and deepest.warmup.updates == 0
+    # width at 512: the CPU tier's recipe with only the width and the device changed
+    width = suite.plan("reproduce_width_gpu")
+    assert len(width) == 24 and len({tuple(c.arm.items()) for c in width}) == 8
+
+    def settings(cell) -> dict:
+        def flat(node, prefix=""):
+            for k, v in node.items():
+                yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+        return {k: v for k, v in flat(dataclasses.asdict(compose(cell.overrides))) if not k.startswith("sweep.")}
+
+    arm = {"method": "post_ln", "model.layers": "12", "optim.lr": "0.001"}
+    gpu_cell = next(c for c in width if c.arm == arm)
+    cpu_cell = next(c for c in suite.plan("reproduce_width_real")
+                    if c.arm == {**arm, "model.dim": "128", "model.ffn_dim": "256", "model.heads": "4"})
+    gpu_settings, cpu_settings = settings(gpu_cell), settings(cpu_cell)
+    changed = {k for k in gpu_settings if gpu_settings[k] != cpu_settings[k]}
+    assert changed == {"model.dim", "model.ffn_dim", "trainer.device", "trainer.threads"}, changed
+    assert (gpu_settings["model.dim"], gpu_settings["model.ffn_dim"], gpu_settings["model.heads"]) == (512, 1024, 4)
+    assert gpu_settings["trainer.precision"] == "fp32" and gpu_settings["trainer.device"] == "cuda"
 
 
 @pytest.fixture(scope="module")
