@@ -77,7 +77,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--scale", choices=SCALES,
                    help="cpu: the toy smoke tier (minutes); real: Multi30k on this CPU with "
                    "seeds, CIs and verdicts, records in results/ (hours); gpu: the same on one GPU at "
-                   "the papers' model size (table2, tfixup-depth); paper: the papers' recipes "
+                   "the papers' model size (table2, tfixup-depth, width); paper: the papers' recipes "
                    "(GPU). Default: paper when a GPU is visible, else cpu; real for targets that "
                    "have only a real tier")
     p.add_argument("--launcher", choices=LAUNCHERS,
