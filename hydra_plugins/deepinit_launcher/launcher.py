@@ -61,6 +61,18 @@ _CONTROLLER = "submitit.local._local"  # submitit's per-job controller (and its 
 # (a cancelled 100-cell array: 25 minutes).
 _NO_RESULT_STATES = ("CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE", "NODE_FAIL", "OUT_OF_MEMORY",
                      "BOOT_FAIL")
+# SLURM states of a job whose processes may still run (squeue's; COMPLETING: a cancelled job's
+# processes get the cluster's KillWait, and submitit's ignore the SIGTERM that starts it)
+_LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")
+
+
+def _wait_until_gone(job_id: str, limit_s: float = 300.0) -> None:
+    """Until SLURM no longer lists the job as live (at most `limit_s`), so that the driver reports
+    a cancelled cell once its processes have ended, not while they still write its folder."""
+    deadline = time.time() + limit_s
+    while cells.slurm_states([job_id]).get(job_id, "") in _LIVE_STATES and time.time() < deadline:
+        time.sleep(1.0)
 
 
 def _completed(overrides: Sequence[str], note: Any = None) -> JobReturn:
@@ -120,6 +132,7 @@ class _CellsMixin:
             job.wait()
             ended = str(getattr(job, "state", "") or "").split(" ")[0].upper()
             if ended in _NO_RESULT_STATES and not job.paths.result_pickle.exists():
+                _wait_until_gone(str(job.job_id))
                 raise submitit.core.utils.UncompletedJobError(f"job {job.job_id} {ended} before returning")
             ret = job.results()[0]
             if ret.status != JobStatus.FAILED:
