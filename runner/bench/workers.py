@@ -40,7 +40,7 @@ from runner.init import options_class
 from runner.model.flops import train_flops
 from runner.model.sublayer import norm_options_class
 from runner.run.build import build_run
-from runner.run.folder import wait_interruptibly, write_json
+from runner.run.folder import signals_held, wait_interruptibly, write_json
 from runner.train.loop import Callback, Trainer
 
 REPO = Path(__file__).resolve().parents[2]  # runner/bench/workers.py -> the repository
@@ -280,13 +280,20 @@ def run_isolated(entry: Entry, work: Path, compose: Callable[[list[str]], Config
     if entry.threads:
         env.update(OMP_NUM_THREADS=str(entry.threads), MKL_NUM_THREADS=str(entry.threads))
     t0 = time.perf_counter()
-    with subprocess.Popen([sys.executable, "-m", "runner.bench", str(spec), str(out)], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
-        try:
-            stdout, stderr = wait_interruptibly(child)
-        except BaseException:  # Ctrl-C, a time limit: the entry's process goes with this one
+    child: Optional[subprocess.Popen] = None
+    try:
+        # a stop that lands while the child starts is held until `child` is set: it then kills
+        # the child below (raised inside Popen, it left the entry training unowned; raised
+        # between Popen and the wait, Popen's context exit waited for the whole entry)
+        with signals_held():
+            child = subprocess.Popen([sys.executable, "-m", "runner.bench", str(spec), str(out)], cwd=REPO,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout, stderr = wait_interruptibly(child)
+    except BaseException:  # Ctrl-C, a time limit: the entry's process goes with this one
+        if child is not None:
             child.kill()
-            raise
+            child.communicate()
+        raise
     if child.returncode != 0 or not out.is_file():
         tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
         failed = {"name": entry.name, "group": entry.group, "status": "failed", "error": tail}

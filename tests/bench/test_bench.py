@@ -491,6 +491,44 @@ def test_a_given_peak_replaces_the_measured_one(tmp_path, monkeypatch, capsys):
         assert err == [f"deepinit: error: --peak-gflops expects GFLOP/s > 0, got {float(bad)}"]
 
 
+def test_a_stop_as_an_entry_starts_ends_the_entrys_process(tmp_path, monkeypatch):
+    """A Ctrl-C (or a time limit's SIGINT) that lands just as an entry's process has started
+    must end that process too: it had left the entry training on its own, or made the bench wait
+    for the whole entry before it stopped."""
+    import signal
+    import subprocess
+    import sys
+
+    from runner.bench import workers
+    from runner.bench.entries import plan_entries, resolve_args
+    from runner.cli.bench import parse_args
+    from tests.conftest import compose
+
+    args = parse_args(["--presets", "tiny", "--device", "cpu", "--threads", "1", "--depths", "--no-decode"])
+    assert resolve_args(args, cuda=False) is None
+    entry = plan_entries(args)[0]
+    started = []
+    real_popen = subprocess.Popen
+
+    def start_then_stop(cmd, **kwargs):
+        child = real_popen([sys.executable, "-c", "import time; time.sleep(600)"], **kwargs)
+        started.append(child)
+        signal.raise_signal(signal.SIGINT)  # the stop arrives as the entry's process has started
+        return child
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in the CLI
+    monkeypatch.setattr(workers.subprocess, "Popen", start_then_stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            workers.run_isolated(entry, tmp_path / "work", compose)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for child in started:
+            if child.poll() is None:
+                child.kill()
+    assert len(started) == 1 and started[0].returncode == -signal.SIGKILL  # killed, not left running
+
+
 def test_an_interrupted_bench_keeps_the_entries_that_finished(tmp_path, monkeypatch, capsys):
     """A time limit that cuts a GPU call short must not lose the entries measured before it: the
     report is written after each entry and once more at the interrupt."""
