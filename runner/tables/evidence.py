@@ -190,7 +190,8 @@ def _select(records: Sequence[Record], selector: Mapping[str, Selected]) -> list
     return [r for r in records if r.status != "failed" and selector_matches(r.arm, selector)]
 
 
-def _label(selector: Mapping[str, Selected]) -> str:
+def selector_label(selector: Mapping[str, Selected]) -> str:
+    """A selector as `key=value,...` (a list of values as `a|b`; the empty selector: all)."""
     return ",".join(f"{k}={'|'.join(v) if isinstance(v, (tuple, list)) else v}"
                     for k, v in selector.items()) or "all"
 
@@ -240,7 +241,7 @@ def _judge_diverges(claim: Claim, a: Sequence[Record]) -> Verdict:
     n = len(a)
     k = sum(r.status == "diverged" for r in a)
     verdict = "reproduced" if k == n else "not reproduced" if k == 0 else "inconclusive"
-    measured = f"{k} of {n} {_unit(a)} diverged ({_label(claim.a)})"
+    measured = f"{k} of {n} {_unit(a)} diverged ({selector_label(claim.a)})"
     collapsed = sum(r.status == "collapsed" for r in a)
     if collapsed:  # not a divergence (the training loss did not blow up), but the reader should know
         measured += f"; {collapsed} collapsed"
@@ -294,7 +295,7 @@ def _judge_trains(claim: Claim, a: Sequence[Record], book: RuleBook) -> Verdict:
     n = len(a)
     bad, counts, words = _not_trained(claim, a, book)
     verdict = "reproduced" if bad == 0 else "not reproduced" if bad == n else "inconclusive"
-    measured = f"{n - bad} of {n} {_unit(a)} trained ({_label(claim.a)}; {words})"
+    measured = f"{n - bad} of {n} {_unit(a)} trained ({selector_label(claim.a)}; {words})"
     return Verdict(claim, verdict, measured, {"n": n, "trained": n - bad, **counts})
 
 
@@ -302,7 +303,7 @@ def _judge_fails_to_train(claim: Claim, a: Sequence[Record], book: RuleBook) -> 
     n = len(a)
     bad, counts, words = _not_trained(claim, a, book)
     verdict = "reproduced" if bad == n else "not reproduced" if bad == 0 else "inconclusive"
-    measured = f"{bad} of {n} {_unit(a)} failed to train ({_label(claim.a)}; {words})"
+    measured = f"{bad} of {n} {_unit(a)} failed to train ({selector_label(claim.a)}; {words})"
     return Verdict(claim, verdict, measured, {"n": n, "failed": bad, **counts})
 
 
@@ -332,7 +333,7 @@ def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
         verdict = "not reproduced"
     else:
         verdict = "inconclusive"
-    measured = (f"{_label(claim.a)} {what} in {a_div} of {len(a)} cells, {_label(claim.b or {})} in "
+    measured = (f"{selector_label(claim.a)} {what} in {a_div} of {len(a)} cells, {selector_label(claim.b or {})} in "
                 f"{b_div} of {len(b)}; over {len(pairs)} paired cells only A {what} in {wins}, only B in "
                 f"{losses} (sign test p={p:.3g})")
     return Verdict(claim, verdict, measured, details)
@@ -364,7 +365,7 @@ def _bad_cells(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: Rul
     bad = _bad_statuses(book)
     a_bad = sum(ra.status in bad for ra, _ in pairs)
     b_bad = sum(rb.status in bad for _, rb in pairs)
-    la, lb = _label(claim.a), _label(claim.b or {})
+    la, lb = selector_label(claim.a), selector_label(claim.b or {})
     details: dict[str, Any] = {"a_n": len(a), "a_bad": a_bad, "b_n": len(b), "b_bad": b_bad, **info}
     line = (f"{'/'.join(s.replace('_', ' ') for s in bad)}: {la} {a_bad} of {len(pairs)}, "
             f"{lb} {b_bad} of {len(pairs)}")
@@ -382,7 +383,7 @@ def _judge_matches(claim: Claim, a: Sequence[Record], b: Sequence[Record], book:
         # one arm fails to train where the other trains: they do not match
         return Verdict(claim, "not reproduced", bad_line, details)
     diffs = _ok_diffs(claim, pairs)
-    la, lb = _label(claim.a), _label(claim.b or {})
+    la, lb = selector_label(claim.a), selector_label(claim.b or {})
     margin = float(claim.margin or 0.0)
     details.update({"paired": len(diffs), "margin": margin})
     if len(diffs) < 2:
@@ -420,7 +421,7 @@ def _judge_less_spread(claim: Claim, a: Sequence[Record], b: Sequence[Record], b
     _, details, bad_line, settled = _bad_cells(claim, a, b, book)
     if settled is not None:
         return Verdict(claim, settled, bad_line, details)
-    la, lb = _label(claim.a), _label(claim.b or {})
+    la, lb = selector_label(claim.a), selector_label(claim.b or {})
 
     def ok_values(recs: Sequence[Record]) -> list[float]:
         return [float(r.metrics[claim.metric]) for r in recs if r.status == "ok"
@@ -469,7 +470,7 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
     if settled is not None:
         return Verdict(claim, settled, bad_line, details)
     a_bad, b_bad = details["a_bad"], details["b_bad"]
-    la, lb = _label(claim.a), _label(claim.b or {})
+    la, lb = selector_label(claim.a), selector_label(claim.b or {})
     diffs = _ok_diffs(claim, pairs)
     details["paired"] = len(diffs)
     # Written so that a positive number always means "A better".
@@ -656,7 +657,7 @@ def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None =
         if both:
             raise ValueError(f"claim {claim.id!r}: record {both[0].arm} matches both selectors")
     arms = ((claim.a, a), (claim.b or {}, b)) if two_arms else ((claim.a, a),)
-    empty = [_label(sel) for sel, recs in arms if not recs]
+    empty = [selector_label(sel) for sel, recs in arms if not recs]
     if not a or (two_arms and not b):
         return Verdict(claim, "not run", f"no run of {' and '.join(empty)} (none, or only crashed ones)",
                        {"a_n": len(a), "b_n": len(b)} if two_arms else {"n": 0})
@@ -682,7 +683,7 @@ def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None =
 def family_of(claim: Claim) -> str:
     """The family a "better" claim's test belongs to: the table's comparisons against one baseline
     arm (its `b` selector)."""
-    return _label(claim.b or {})
+    return selector_label(claim.b or {})
 
 
 def judge_all(claims: Sequence[Claim], records: Sequence[Record], book: RuleBook | int | None = None,

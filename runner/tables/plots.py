@@ -12,9 +12,9 @@ import numpy as np
 from runner.files import atomic_path
 from runner.run.status import FAILED_TO_TRAIN
 from runner.sweep.plan import load_preset, norm_key
-from runner.tables.claims import claim_from_dict, selector_matches
+from runner.tables.claims import selector_matches
 from runner.tables.evidence import numeric_order
-from runner.tables.suite import SEED_AXIS, SuiteCell, finite_values
+from runner.tables.suite import SEED_AXIS, SuiteCell, finite_values, preset_claims
 
 
 def _matplotlib():
@@ -143,7 +143,7 @@ def transfer_panels(preset: str, cells: Sequence[SuiteCell]) -> dict[str, dict]:
     are all another's, such as one kept to part of the grid, shares that claim's panel): per
     `across` value, the `over` values with the mean metric of their ok seeds (NaN when none), each
     ok seed's value, and the cells that diverged or stalled."""
-    claims = [claim_from_dict(raw) for raw in ((load_preset(preset).get("sweep") or {}).get("claims") or [])]
+    claims = preset_claims(preset)
     claims = [c for c in claims if c.kind == "same_best"]
     chosen = {c.id: [cell for cell in cells if selector_matches(cell.arm, c.a)] for c in claims}
     cell_ids = {c.id: {id(cell) for cell in chosen[c.id]} for c in claims}

@@ -16,7 +16,8 @@ from runner.files import atomic_write_text
 from runner.run.status import DIVERGED, FAILED, run_status
 from runner.sweep.plan import load_preset
 from runner.sweep.report import markdown_table
-from runner.tables.claims import Verdict, claim_from_dict, selector_matches
+from runner.tables.claims import Verdict, selector_matches
+from runner.tables.evidence import selector_label
 from runner.tables.plots import grid_axes, plot_curves, plot_grid, plot_transfer, transfer_panels
 from runner.tables.rulebook import CURRENT, blow_up_cause, describe, rulebook
 from runner.tables.statistics import Summary, paired_difference, summarize
@@ -28,6 +29,7 @@ from runner.tables.suite import (
     finite_values,
     fmt_number,
     load_preset_value,
+    preset_claims,
     results_dir,
     suite_decodes,
     verdicts,
@@ -239,7 +241,7 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
     number of updates after each arm's own warmup, paired by seed, at the last such point that the
     validation curves of every pair have; "" when no claim compares such arms or no pair has one.
     Seeds: those the means average (not diverged, collapsed or stalled) with a validation curve."""
-    claims = [claim_from_dict(raw) for raw in (load_preset(preset).get("sweep") or {}).get("claims") or []]
+    claims = preset_claims(preset)
     decoded = suite_decodes(cells)
     lines, seen = [], set()
     for claim in claims:
@@ -262,7 +264,7 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
         each = ", ".join(f"seed {s} {a[s] - b[s]:+.3f}" for s in seeds)
         interval = ("" if diff.std is None else
                     f" [95% paired t {diff.ci_low:+.3f}, {diff.ci_high:+.3f}]")
-        lines.append(f"- {_selector_text(claim.a)} - {_selector_text(claim.b)}: {diff.mean:+.3f}{interval} "
+        lines.append(f"- {selector_label(claim.a)} - {selector_label(claim.b)}: {diff.mean:+.3f}{interval} "
                      f"at {after:,} updates after warmup (updates {after + wa:,} and {after + wb:,}), "
                      f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({each})")
     if not lines:
@@ -273,16 +275,13 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
                       "the last validation every pair has:", *lines])
 
 
-def _selector_text(selector) -> str:
-    return ",".join(f"{k}={v}" for k, v in selector.items())
-
-
 def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
     done = [c.record for c in cells if c.record is not None]
     gpu = tier == "gpu"
     last = has_bleu_last(cells)
     signature = signature_note(done)  # the sacreBLEU column's true signature
     stops = bool((load_preset(preset).get("trainer") or {}).get("early_stop"))
+    stopped = stop_note(cells, stops)
     after_warmup = equal_updates_after_warmup(preset, cells) if stops else ""
     header = ["arm", *arm_columns(last), "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
     lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
@@ -293,7 +292,7 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              provenance(done), "",
              markdown_table(header, arm_rows(cells, gpu, last)), "",
              *([blow_up_note(cells), ""] if blow_up_note(cells) else []),
-             *([stop_note(cells, stops), ""] if stop_note(cells, stops) else []),
+             *([stopped, ""] if stopped else []),
              *([after_warmup, ""] if after_warmup else []),
              SLOPE_NOTE, "",
              *([signature, ""] if signature else []),

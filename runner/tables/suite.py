@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 from runner.console import fmt
 from runner.run.folder import folder_name
 from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells, run_only
-from runner.tables.claims import METRIC_KINDS, Record, Verdict, claim_from_dict, selector_matches
+from runner.tables.claims import METRIC_KINDS, Claim, Record, Verdict, claim_from_dict, selector_matches
 from runner.tables.evidence import judge_all
 from runner.tables.records import Records, cell_key, results_root
 from runner.tables.rulebook import CURRENT, loss_spikes, outcome, rulebook
@@ -187,13 +187,18 @@ def _has_evidence(cell: SuiteCell, claim) -> bool:
     return cell_bleu_last(cell) is not None
 
 
+def preset_claims(preset: str) -> list[Claim]:
+    """The claims a preset (sweeps/<preset>.yaml) writes under sweep.claims."""
+    return [claim_from_dict(raw) for raw in (load_preset(preset).get("sweep") or {}).get("claims") or []]
+
+
 def verdicts(preset: str, cells: Sequence[SuiteCell], version: int = CURRENT) -> list[Verdict]:
     """Each claim judged on the records under rule book `version`; a claim whose arms still miss
     planned cells gets the verdict "incomplete" (what the finished cells show so far stays in
     `measured`), so a partial suite never reads as a result; so does a "better" claim whose
     verdict could still change with the p of a Holm family member that misses cells (judge_all's
     `waiting`)."""
-    claims = [claim_from_dict(raw) for raw in ((load_preset(preset).get("sweep") or {}).get("claims")) or []]
+    claims = preset_claims(preset)
     progress = {}  # claim id -> (cells with evidence, cells its arms plan)
     for claim in claims:
         selected = [c for c in cells  # an empty selector {} picks every cell

@@ -362,11 +362,9 @@ def test_the_converged_suite_reports_the_checkpoints_it_averages_and_equal_updat
     assert "at 5,000 updates after warmup (updates 5,000 and 5,500), 2 seeds (seed 2 " in text
     # selectors that leave the warmup out read it from the arms they pick
     from runner.tables import report as report_module
-    preset = report_module.load_preset("reproduce_table2_converged_real")
-    unnamed = {**preset, "sweep": {**preset["sweep"], "claims": [
-        {"id": "x", "text": "x", "kind": "better", "metric": "bleu", "paper_effect": 1.0,
-         "a": {"method": "tfixup"}, "b": {"method": "pre_ln"}}]}}
-    monkeypatch.setattr(report_module, "load_preset", lambda name: unnamed)
+    unnamed = [claim_from_dict({"id": "x", "text": "x", "kind": "better", "metric": "bleu", "paper_effect": 1.0,
+                                "a": {"method": "tfixup"}, "b": {"method": "pre_ln"}})]
+    monkeypatch.setattr(report_module, "preset_claims", lambda name: unnamed)
     assert "- method=tfixup - method=pre_ln: " in equal_updates_after_warmup("any", cells)
     monkeypatch.undo()
     # a diverged run neither stopped nor reached the cap
