@@ -180,7 +180,13 @@ def test_validation_does_not_wait_for_the_gpu():
     assert trainer.validation_loss().loss == pytest.approx(float(sums[0]) / tokens, rel=1e-6)
 
 
-def test_compile_matches_eager_and_stops_recompiling(tmp_path):
+# per padding flag: one graph of the whole model, or one of the encoder layer and one of the
+# decoder layer (their code differs with the source mask; compile_scope=layers)
+GRAPHS_PER_FLAG = {"model": 1, "layers": 2}
+
+
+@pytest.mark.parametrize("scope", ["model", "layers"])
+def test_compile_matches_eager_and_stops_recompiling(tmp_path, scope):
     cuda_only()
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -190,7 +196,8 @@ def test_compile_matches_eager_and_stops_recompiling(tmp_path):
                                                      "trainer.max_updates=40", *more])
     torch._dynamo.reset()
     counters.clear()
-    cfg = compose([*RUN, "trainer.precision=fp32", "trainer.max_updates=40", "trainer.compile=true", *more])
+    cfg = compose([*RUN, "trainer.precision=fp32", "trainer.max_updates=40", "trainer.compile=true",
+                   f"trainer.compile_scope={scope}", *more])
     parts = build_run(cfg)
     trainer = Trainer(parts)
 
@@ -215,8 +222,8 @@ def test_compile_matches_eager_and_stops_recompiling(tmp_path):
           f"not seen before: {sorted(new_flags)}); graph breaks: {dict(counters['graph_break'])}")
     assert graphs_after_warmup > 0  # it compiled (compile errors fall back to eager silently)
     assert new_shapes  # the check below could not see a recompile per shape otherwise
-    # no graph per new shape: the only new graph allowed is that of a padding flag first seen now
-    assert recompiles == len(new_flags)
+    # no graph per new shape: the only new graphs allowed are those of a padding flag first seen now
+    assert recompiles == GRAPHS_PER_FLAG[scope] * len(new_flags)
     # the same 40 updates eagerly (dropout off: compiled dropout draws other random numbers);
     # the window's loss is per target token over updates 36-40
     last = outs[-5:]

@@ -254,6 +254,10 @@ class TrainerConfig:
     # every update); fairseq's --min-loss-scale default (fairseq/optim/dynamic_loss_scaler.py)
     min_loss_scale: float = 1e-4
     compile: bool = False
+    # what trainer.compile compiles: model (one graph of the whole model) or layers (each
+    # encoder/decoder layer on its own, the embeddings, output projection and loss eager: the
+    # layers of a stack share one compiled code, so compile time does not grow with depth)
+    compile_scope: str = "model"
     threads: int = 0  # CPU threads; 0 = torch's default
     # training skips the padding in position-wise layers (runner/model/packing.py); null: on
     # CPU (measured faster there), off on CUDA (not measured on a GPU yet)

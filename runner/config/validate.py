@@ -37,6 +37,7 @@ CHOICES = {
     "data.empty_lines": ("skip", "error"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("auto", "fp32", "bf16", "fp16"),
+    "trainer.compile_scope": ("model", "layers"),
     "trainer.best_checkpoint_metric": ("none", "loss", "bleu"),
 }
 

@@ -4,7 +4,7 @@ scheme shares."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -146,6 +146,9 @@ class Stack(nn.Module):
         final_eps = RESI_DUAL_FINAL_EPS if slots.dual else norm.eps
         self.final_norm = make_norm(norm.kind, dim, final_eps) if final else nn.Identity()
         self.checkpointing = checkpointing
+        # trainer.compile_scope=layers: each layer's compiled call, by the layer's id, used in
+        # training only (compile_layers); a plain dict, so no compiled wrapper enters the state dict
+        self.compiled_calls: dict[int, Callable] = {}
         # ResiDual: d_0 = s x_0 and the output alpha x_N + final_norm(d_N); None otherwise
         self.dual = (ResiDualOutput(norm.resi_dual_scale, norm.resi_dual_alpha)
                      if slots.dual else None)
@@ -161,9 +164,16 @@ class Stack(nn.Module):
             return self.final_norm(x)
         return self.dual(x, self.final_norm(dual))
 
+    def compile_layers(self, compile_layer: Callable[[nn.Module], Callable]) -> None:
+        """Training calls each layer through compile_layer(layer) (torch.compile of that layer);
+        validation and decoding call the layers themselves."""
+        self.compiled_calls = {id(layer): compile_layer(layer) for layer in self.layers}
+
     def run_layer(self, layer: nn.Module, *args):
-        if self.checkpointing and self.training:
-            return checkpoint(layer, *args, use_reentrant=False)
+        if self.training:
+            layer = self.compiled_calls.get(id(layer), layer)
+            if self.checkpointing:
+                return checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
 
 
@@ -207,6 +217,13 @@ class TransformerModel(nn.Module):
             if isinstance(module, MultiheadAttention):
                 module.kernels = chosen
         return self
+
+    def compile_layers(self, compile_layer: Callable[[nn.Module], Callable]) -> None:
+        """trainer.compile_scope=layers: training calls every layer of every stack through
+        compile_layer(layer) (Stack.compile_layers)."""
+        for module in self.modules():
+            if isinstance(module, Stack):
+                module.compile_layers(compile_layer)
 
     @torch.no_grad()
     def after_init(self) -> None:

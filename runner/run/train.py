@@ -258,7 +258,8 @@ def train(cfg, run_dir: Path) -> dict:
     if main:
         env = folder.environment(parts.device, parts.precision)
         folder.write_json(run_dir / "env.json", {
-            **env, "compile": bool(cfg.trainer.compile), "parameters": parts.parameters,
+            **env, "compile": bool(cfg.trainer.compile),
+            "compile_scope": cfg.trainer.compile_scope if cfg.trainer.compile else None, "parameters": parts.parameters,
             "unpad": parts.unpad, "data": parts.data_stats, "world_size": parts.world})
         resumed_at = trainer.state.step if resume else None
         metrics = folder.MetricsLog(run_dir, resumed_at,

@@ -26,3 +26,74 @@ def test_compile_is_dynamic_for_translation_batches_and_static_for_lm_blocks(tas
     model.select_kernels = lambda device_type: None
     build.on_device(model, cfg, torch.device("cpu"), world=1)
     assert seen == {"dynamic": dynamic}
+
+
+
+def test_compile_scope_layers_compiles_each_layer_for_training_only(monkeypatch):
+    """trainer.compile_scope=layers: training calls every encoder and decoder layer through its
+    own compiled call; the model itself is not wrapped, its state dict keeps its keys, and
+    validation and decoding (eval mode) call the layers themselves."""
+    calls = []
+
+    class Counted(torch.nn.Module):  # stands for torch.compile's wrapper: counts the calls
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, *args, **kwargs):
+            calls.append(self.layer)
+            return self.layer(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: Counted(module))
+    parts = build.build_run(compose(["trainer.compile=true", "trainer.compile_scope=layers", "model.layers=3"]))
+    model = parts.model
+    assert parts.forward is model
+    assert set(model.state_dict()) == set(build.build_run(compose(["model.layers=3"])).model.state_dict())
+    src, prev = torch.randint(4, 20, (2, 5)), torch.randint(4, 20, (2, 4))
+    model.train()
+    model(src, prev)
+    assert calls == [*model.encoder.layers, *model.decoder.layers]  # each once, in order
+    calls.clear()
+    model.eval()
+    with torch.no_grad():
+        model(src, prev)
+    assert calls == []
+
+
+@pytest.mark.parametrize("scope", ["model", "layers"])
+def test_compiled_nodes_grow_with_depth_only_for_the_whole_model(scope, monkeypatch):
+    """The graph nodes dynamo hands the compiler (a counting backend in place of Inductor, the
+    same tracing) in 2 training updates at 1 and at 2 layers per stack: one graph of the whole
+    model grows with depth, while the layers of a stack share one compiled code, so with
+    trainer.compile_scope=layers a deeper model costs no more compilation."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from runner.train.loop import Trainer
+
+    nodes = []
+
+    def counting(gm, example_inputs):
+        nodes.append(len(gm.graph.nodes))
+        return gm.forward
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: real(module, backend=counting, **kw))
+    compiled = {}
+    for layers in (1, 2):
+        torch._dynamo.reset()
+        counters.clear()
+        nodes.clear()
+        cfg = compose(["trainer.compile=true", f"trainer.compile_scope={scope}", f"model.layers={layers}",
+                       "trainer.device=cpu", "trainer.unpad=false"])
+        trainer = Trainer(build.build_run(cfg))
+        for _ in range(2):
+            trainer.step()
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        compiled[layers] = sum(nodes)
+    torch._dynamo.reset()
+    assert compiled[1] > 0
+    if scope == "layers":
+        assert compiled[2] == compiled[1]
+    else:
+        assert compiled[2] > 1.5 * compiled[1]
