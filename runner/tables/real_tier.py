@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import statistics
 import sys
 import tarfile
 import time
@@ -111,7 +112,13 @@ def run_real(target: Target, request: Request, tier: str = "real",
         return layers[cell.name]
 
     probed = None
-    if request.probe and trains and todo:
+    # the counts at once the records have timed (alone among them): what a probe would measure
+    recorded = record_rounds(cells, reference, device)
+    timed_counts = recorded if 1 in recorded and len(recorded) > 1 else {}
+    if request.probe and trains and todo and timed_counts:
+        parallel = max(timed_counts.values(), key=lambda r: (r.cells_per_hour, -r.parallel)).parallel
+        print("probe: skipped: the records time " + "; ".join(r.line() for r in timed_counts.values()))
+    elif request.probe and trains and todo:
         probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
         alone_s = (CellCosts(deadline, reference, todo, [], None, cell_layers).seconds(probed, 1)
                    if deadline is not None else None)
@@ -124,8 +131,8 @@ def run_real(target: Target, request: Request, tier: str = "real",
                   f"than the ~{format_duration(alone_s)} a cell takes alone (records); {parallel} at a time, "
                   f"as the records were timed")
     if deadline is not None and trains and todo:
-        costs = CellCosts(deadline, reference, todo, rounds, probed, cell_layers)
-        if rounds:
+        costs = CellCosts(deadline, reference, todo, rounds or list(recorded.values()), probed, cell_layers)
+        if rounds or (request.probe and timed_counts):
             parallel = costs.parallel_for_deadline(parallel)
         deadline = costs.deadline(parallel)
     outcome = (pool.PoolOutcome() if request.table_only else
@@ -235,6 +242,37 @@ def cell_deadline(request: Request, reference: Optional[suite.SuiteCell], minute
     return pool.Deadline(start + request.deadline_s, cell_s)
 
 
+def record_rounds(cells: Sequence[suite.SuiteCell], reference: Optional[suite.SuiteCell],
+                  device: Optional[str]) -> dict[int, pool.ProbeRun]:
+    """What the records measured of cells sharing the machine, as probe rounds: for each count
+    of cells their pools ran at once (`pool_slots`; a record without one ran alone), the median
+    seconds per update, start-up (wall time outside the updates) and cells per hour of the
+    whole-budget records on `device` with the `reference` cell's model shape and compile setting
+    (median_timed). {} without a reference. A whole cell times a count better than the probe's
+    short rounds, and costs a GPU call nothing."""
+    if reference is None or device is None:
+        return {}
+
+    def shape(cell: suite.SuiteCell) -> dict:
+        return {k: v for k, v in cell.arm.items() if k.startswith("model.")}
+
+    def compiled(record: dict) -> bool:
+        return bool((record.get("machine") or {}).get("compile"))
+
+    by_count: dict[int, list[dict]] = {}
+    for cell in cells:
+        r = cell.record
+        if (r and ran_whole_budget(r) and record_device(r) == device and r.get("seconds_per_update")
+                and r.get("updates") and shape(cell) == shape(reference) and compiled(r) == compiled(reference.record)):
+            by_count.setdefault(int(r.get("pool_slots") or 1), []).append(r)
+    rounds = {}
+    for n, records in sorted(by_count.items()):
+        spu = statistics.median(r["seconds_per_update"] for r in records)
+        start = statistics.median(max(0.0, r["wall_s"] - r["updates"] * r["seconds_per_update"]) for r in records)
+        rounds[n] = pool.ProbeRun(n, spu, start, n * 3600.0 / statistics.median(r["wall_s"] for r in records))
+    return rounds
+
+
 # What a probe round does not time: validation passes, checkpoints and the final beam-search
 # decoding (a guess, not a measurement; a cell's record replaces the whole estimate once one exists).
 PROBE_UNTIMED_S = 60.0
@@ -278,18 +316,30 @@ class CellCosts:
         size = max(1, self.layers(cell))
         chosen = self.rounds.get(parallel)
         if self.reference is not None and self.base.cell_s is not None:
-            alone_s = self.base.cell_s / self.slowdown(self.reference.record.get("pool_slots") or 1)
+            alone_s = self.base.cell_s / self.slowdown(self.reference.record.get("pool_slots") or 1, "lower")
             return alone_s * self.slowdown(parallel) * size / max(1, self.layers(self.reference))
         if chosen is not None and self.probed is not None:
             projected = 3600.0 * parallel / chosen.cells_per_hour + PROBE_UNTIMED_S
             return projected * size / max(1, self.layers(self.probed))
         return None
 
-    def slowdown(self, parallel: int) -> float:
-        """The probe's seconds per update with `parallel` cells at once over alone, at least 1; 1
-        where the probe did not measure both."""
-        chosen, alone = self.rounds.get(parallel), self.rounds.get(1)
-        return max(1.0, chosen.seconds_per_update / alone.seconds_per_update) if chosen and alone else 1.0
+    def slowdown(self, parallel: int, bound: str = "upper") -> float:
+        """The seconds per update with `parallel` cells at once over alone, at least 1, from the
+        rounds (the probe's, or record_rounds'); 1 where they do not measure alone. A count they
+        did not measure, as an upper bound (a cell's time at that count): that of the next
+        measured count above it, and past the largest measured count (above 1), no more cells
+        per hour than there (each cell slower in proportion to the count); as a lower bound (to
+        bring a record's time back to alone): 1."""
+        alone, chosen = self.rounds.get(1), self.rounds.get(parallel)
+        if alone is None:
+            return 1.0
+        if chosen is None and bound == "upper":
+            above = [n for n in self.rounds if n > parallel]
+            if above:
+                chosen = self.rounds[min(above)]
+            elif (top := max(self.rounds)) > 1:
+                return max(1.0, self.rounds[top].seconds_per_update / alone.seconds_per_update * parallel / top)
+        return max(1.0, chosen.seconds_per_update / alone.seconds_per_update) if chosen else 1.0
 
     def deadline(self, parallel: int) -> pool.Deadline:
         """The deadline with each cell's own expected seconds at `parallel` at once (`cell_s`: the

@@ -807,6 +807,74 @@ def test_a_probe_that_would_leave_no_cell_time_is_skipped(tmp_path, monkeypatch,
     assert not (tmp_path / "out" / "table2-real-probe").exists()
 
 
+def test_records_time_the_counts_at_once_they_ran_at():
+    """record_rounds: the whole-budget GPU records of the median record's model shape and compile
+    setting, by the count their pool ran at once (an H200: 0.041 s/update alone, 0.058-0.063 with
+    4 at once); other shapes, compiled runs and CPU records stay out. A count the records did not
+    time is bounded from above: that of the next count above it, and past the largest, no more
+    cells per hour than there."""
+    from runner.tables.pool import Deadline
+    from runner.tables.real_tier import RECORD_UNTIMED_S, CellCosts, median_timed, record_rounds
+
+    cells, layers = _table2_gpu_cells()
+    shallow = [c for c in cells if layers(c) == 12]
+    deep = [c for c in cells if layers(c) == 36]
+
+    def gpu(wall, spu, slots=None, **machine):
+        return {"status": "ok", "wall_s": wall, "seconds_per_update": spu, "updates": 6000,
+                "pool_slots": slots, "machine": {"device": "cuda", **machine}}
+
+    timed = [(shallow[0], gpu(265.0, 0.041)), (shallow[1], gpu(375.0, 0.059, 4)), (shallow[2], gpu(374.0, 0.058, 4)),
+             (shallow[3], gpu(404.0, 0.063, 4)), (shallow[4], gpu(376.0, 0.059, 4)),
+             (shallow[5], gpu(100.0, 0.010, 4, compile=True)), (deep[0], gpu(900.0, 0.140, 4)),
+             (shallow[6], {**gpu(9000.0, 1.4), "machine": {"device": "cpu"}})]
+    try:
+        for cell, record in timed:
+            cell.record = record
+        reference = median_timed(cells, "cuda")
+        assert reference is shallow[1] and reference.record["pool_slots"] == 4
+        rounds = record_rounds(cells, reference, "cuda")
+        assert sorted(rounds) == [1, 4]
+        assert rounds[1].seconds_per_update == pytest.approx(0.041)
+        assert rounds[4].seconds_per_update == pytest.approx(0.059)  # the median of four
+        assert rounds[4].cells_per_hour == pytest.approx(4 * 3600 / 375.5)
+        on_cpu = record_rounds(cells, reference, "cpu")  # the CPU record alone
+        assert list(on_cpu) == [1] and on_cpu[1].seconds_per_update == pytest.approx(1.4)
+        assert record_rounds(cells, None, "cuda") == {}
+        todo = [c for c in cells if c.record is None]
+        cell_s = reference.record["wall_s"] + RECORD_UNTIMED_S
+        costs = CellCosts(Deadline(at=1e9, cell_s=cell_s), reference, todo, list(rounds.values()), None, layers)
+        slow = 0.059 / 0.041
+        assert costs.seconds(shallow[7], 4) == pytest.approx(cell_s)
+        assert costs.seconds(shallow[7], 1) == pytest.approx(cell_s / slow)
+        assert costs.seconds(shallow[7], 2) == pytest.approx(cell_s)  # bounded by 4 at once
+        assert costs.seconds(shallow[7], 8) == pytest.approx(2 * cell_s)  # no more cells per hour than at 4
+        assert costs.seconds(deep[1], 4) == pytest.approx(3 * cell_s)
+    finally:
+        for cell, _ in timed:
+            cell.record = None
+
+
+@pytest.mark.slow
+def test_parallel_auto_takes_the_counts_the_records_timed_without_a_probe(tmp_path, monkeypatch, capsys):
+    """Records from pools of 1 and of 2 cells at once: `--parallel auto` chooses between those
+    counts from the records and runs no probe (the shrunk cells are a variant: records beside the
+    run folders)."""
+    from runner.cli.reproduce import main as reproduce_main
+
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path / "results"))
+    base = ["table2", "--scale", "real", "--out", str(tmp_path / "out"), *SHRINK[:-3], "method=pre_ln",
+            "warmup.updates=5"]
+    assert reproduce_main([*base, "--parallel", "1", "trainer.seed=1"]) == 0
+    assert reproduce_main([*base, "--parallel", "2", "trainer.seed=2,3"]) == 0
+    capsys.readouterr()
+    assert reproduce_main([*base, "--parallel", "auto", "--deadline", "600", "trainer.seed=1,2,3,4"]) == 0
+    out = capsys.readouterr().out
+    assert "probe: skipped: the records time 1 at once" in out and "; 2 at once" in out
+    assert not (tmp_path / "out" / "table2-real-probe").exists()
+    records = [json.loads(line) for line in (tmp_path / "out" / "table2-real" / "records.jsonl").read_text().splitlines()]
+    assert sorted(r["seed"] for r in records) == [1, 2, 3, 4]
+
 def test_a_cell_trains_on_the_device_its_config_names():
     """cells_device: trainer.device=cuda on a real-tier suite (a CPU tier trained on a lent GPU)
     is a GPU's cell, trainer.device=cpu on the gpu tier (its CPU rehearsal) a CPU's; the real
