@@ -153,6 +153,12 @@ def validate(cfg: Any) -> None:
     _check_new_norms(cfg)
     _check_mix_and_layernorm_scaling(cfg)
     _check_qk_norm_and_sigma_reparam(cfg)
+    if trainer.compile and trainer.telemetry_interval > 0:
+        # hooks added after torch.compile are not traced into its graphs: the figures would be
+        # wrong (an attention entropy of 0), and compile_scope=layers would recompile per layer
+        raise ConfigError("trainer.telemetry_interval=%d needs an eager run: torch.compile does not trace "
+                          "telemetry's hooks (set trainer.compile=false, or trainer.telemetry_interval=0)"
+                          % trainer.telemetry_interval)
     if trainer.device == "cpu" and trainer.precision == "fp16":
         raise ConfigError("trainer.precision=fp16 needs CUDA: use trainer.precision=bf16 or fp32 on CPU")
     if trainer.devices > 1 and trainer.update_freq < 1:

@@ -166,11 +166,12 @@ class Stack(nn.Module):
 
     def compile_layers(self, compile_layer: Callable[[nn.Module], Callable]) -> None:
         """Training calls each layer through compile_layer(layer) (torch.compile of that layer);
-        validation and decoding call the layers themselves."""
+        validation, decoding and a train-mode forward without gradients (an analysis's, as
+        `deepinit analyze mode-gap` takes) call the layers themselves."""
         self.compiled_calls = {id(layer): compile_layer(layer) for layer in self.layers}
 
     def run_layer(self, layer: nn.Module, *args):
-        if self.training:
+        if self.training and torch.is_grad_enabled():
             layer = self.compiled_calls.get(id(layer), layer)
             if self.checkpointing:
                 return checkpoint(layer, *args, use_reentrant=False)

@@ -224,13 +224,6 @@ def on_device(model: nn.Module, cfg: Config, device: torch.device,
             # Regional compilation (as torchtitan compiles each transformer block): the layers of
             # a stack run one code, which dynamo compiles once for all of them (their parameters
             # are graph inputs), so an 18-layer stack compiles as fast as a 6-layer one.
-            # A layer whose code differs by a Python constant (LayerNorm Scaling's 1/sqrt(l)) is a
-            # graph of its own, for each padding flag; past dynamo's recompile limit the rest
-            # would run eagerly.
-            import torch._dynamo  # noqa: PLC0415 (the compiler stack; only with trainer.compile=true)
-
-            deepest = max(cfg.model.num_encoder_layers, cfg.model.num_decoder_layers)
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * deepest + 2)
             model.compile_layers(lambda layer: compiled(layer, dynamic=dynamic))
         else:
             forward = compiled(forward, dynamic=dynamic)

@@ -186,7 +186,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
 # Overrides that do not change a run's result stay out of folder names.
 _NAME_EXCLUDED = ("hydra.", "hydra/", "trainer.progress=", "trainer.device=", "trainer.threads=",
                   "trainer.resume=", "trainer.tensorboard=", "logger=", "logger.", "logger/",
-                  "trainer.compile=")
+                  "trainer.compile=", "trainer.compile_scope=")
 # A sweep cell's folder lies in the sweep's folder, which the preset (+sweep=NAME) names already.
 _CELL_EXCLUDED = ("sweep=",)
 NAME_LIMIT = 250  # characters (ASCII, after the replacements below); a file name may have 255 bytes

@@ -255,6 +255,9 @@ class _Pool:
         self.running: list[tuple[Job, subprocess.Popen, object]] = []
         self.env = _cell_env()
         self.started: dict[str, float] = {}  # each running cell's start (time.monotonic())
+        # the most cells running at once while each cell ran (its record's pool_slots): a pool's
+        # last cells, or a pool of more slots than cells, share the machine with fewer than `parallel`
+        self.peak: dict[str, int] = {}
         self.walls: list[float] = []  # the wall_s of each cell recorded here
 
     def _now(self) -> str:
@@ -270,6 +273,8 @@ class _Pool:
         self.started[job.cell.name] = time.monotonic()
         self.running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                    env=self.env), log))
+        for running, _, _ in self.running:
+            self.peak[running.cell.name] = max(self.peak.get(running.cell.name, 0), len(self.running))
 
     def _finish(self, job: Job, proc: subprocess.Popen, ended: int, total: int) -> bool:
         """Record a cell whose process ended, the `ended`-th of `total`; False when it crashed.
@@ -280,7 +285,7 @@ class _Pool:
             reason = (record or {}).get("reason") or f"exit code {proc.returncode}"
             console.print(f"[red]failed[/] {job.label}: {reason} ({job.work / cell.name}){self._count(ended, total)}")
             return False
-        record["pool_slots"] = self.parallel  # cells at once in its pool: its wall_s shared the machine
+        record["pool_slots"] = self.peak.pop(cell.name, 1)  # the most cells at once while it ran
         cell.record = record
         if record.get("wall_s"):
             self.walls.append(float(record["wall_s"]))

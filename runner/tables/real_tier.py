@@ -113,7 +113,12 @@ def run_real(target: Target, request: Request, tier: str = "real",
 
     probed = None
     # the counts at once the records have timed (alone among them): what a probe would measure
-    recorded = record_rounds(cells, reference, device)
+    if device is not None and todo:
+        planned = compose(todo[0].overrides).trainer
+        setting = (bool(planned.compile), planned.compile_scope if planned.compile else None)
+    else:
+        setting = (False, None)
+    recorded = record_rounds(cells, reference, device, setting, os.cpu_count() or 1)
     timed_counts = recorded if 1 in recorded and len(recorded) > 1 else {}
     if request.probe and trains and todo and timed_counts:
         parallel = max(timed_counts.values(), key=lambda r: (r.cells_per_hour, -r.parallel)).parallel
@@ -150,7 +155,10 @@ def run_real(target: Target, request: Request, tier: str = "real",
             "target": target.name, "tier": tier, "parallel": parallel, "deadline_s": request.deadline_s,
             "expected_cell_s": deadline.cell_s if deadline else None, "wall_s": time.monotonic() - start,
             "cells": len(cells), "with_record": sum(c.record is not None for c in cells),
-            "probe": [asdict(r) for r in rounds], **asdict(outcome)})
+            "probe": [asdict(r) for r in rounds],
+            # the counts at once the records timed, where they chose the count instead of a probe
+            "record_rounds": [asdict(r) for r in timed_counts.values()] if request.probe else [],
+            **asdict(outcome)})
         print(f"packed the records, report, logs and a summary into {written}")
     if outcome.crashed:
         print(f"{outcome.crashed} cell(s) failed: their train.log files in {work} say why", file=sys.stderr)
@@ -242,28 +250,40 @@ def cell_deadline(request: Request, reference: Optional[suite.SuiteCell], minute
     return pool.Deadline(start + request.deadline_s, cell_s)
 
 
+def run_setting(record: dict) -> tuple:
+    """How a record's cell ran, as far as its speed goes: the device's name, and whether (and
+    how) it was compiled."""
+    machine = record.get("machine") or {}
+    return (machine.get("device_name"), bool(machine.get("compile")),
+            (machine.get("compile_scope") or "model") if machine.get("compile") else None)
+
+
 def record_rounds(cells: Sequence[suite.SuiteCell], reference: Optional[suite.SuiteCell],
-                  device: Optional[str]) -> dict[int, pool.ProbeRun]:
+                  device: Optional[str], compile_setting: tuple = (False, None),
+                  most: Optional[int] = None) -> dict[int, pool.ProbeRun]:
     """What the records measured of cells sharing the machine, as probe rounds: for each count
-    of cells their pools ran at once (`pool_slots`; a record without one ran alone), the median
-    seconds per update, start-up (wall time outside the updates) and cells per hour of the
-    whole-budget records on `device` with the `reference` cell's model shape and compile setting
-    (median_timed). {} without a reference. A whole cell times a count better than the probe's
-    short rounds, and costs a GPU call nothing."""
+    of cells running at once while a record's cell ran (`pool_slots`; a record without one ran
+    alone), up to `most` (the machine's cores, as the probe's counts), the median seconds per
+    update, start-up (wall time outside the updates: validation and decoding included) and cells
+    per hour of the whole-budget records on `device` of the `reference` cell's model shape and
+    device name (median_timed), compiled as the cells to train will be (`compile_setting`:
+    (compile, scope)). {} without a reference, or where the reference ran otherwise. A whole
+    cell times a count better than the probe's short rounds, and costs a GPU call nothing."""
     if reference is None or device is None:
         return {}
 
     def shape(cell: suite.SuiteCell) -> dict:
         return {k: v for k, v in cell.arm.items() if k.startswith("model.")}
 
-    def compiled(record: dict) -> bool:
-        return bool((record.get("machine") or {}).get("compile"))
-
+    wanted = (run_setting(reference.record)[0], *compile_setting)
+    if run_setting(reference.record) != wanted:
+        return {}
     by_count: dict[int, list[dict]] = {}
     for cell in cells:
         r = cell.record
         if (r and ran_whole_budget(r) and record_device(r) == device and r.get("seconds_per_update")
-                and r.get("updates") and shape(cell) == shape(reference) and compiled(r) == compiled(reference.record)):
+                and r.get("updates") and shape(cell) == shape(reference) and run_setting(r) == wanted
+                and (most is None or int(r.get("pool_slots") or 1) <= most)):
             by_count.setdefault(int(r.get("pool_slots") or 1), []).append(r)
     rounds = {}
     for n, records in sorted(by_count.items()):
@@ -316,8 +336,11 @@ class CellCosts:
         size = max(1, self.layers(cell))
         chosen = self.rounds.get(parallel)
         if self.reference is not None and self.base.cell_s is not None:
-            alone_s = self.base.cell_s / self.slowdown(self.reference.record.get("pool_slots") or 1, "lower")
-            return alone_s * self.slowdown(parallel) * size / max(1, self.layers(self.reference))
+            slots = self.reference.record.get("pool_slots") or 1
+            # at the count the record ran at, its own time; otherwise brought to alone (at most
+            # its time) and to `parallel` at once (at least the slowdown measured there)
+            factor = 1.0 if parallel == slots else self.slowdown(parallel) / self.slowdown(slots, "lower")
+            return self.base.cell_s * factor * size / max(1, self.layers(self.reference))
         if chosen is not None and self.probed is not None:
             projected = 3600.0 * parallel / chosen.cells_per_hour + PROBE_UNTIMED_S
             return projected * size / max(1, self.layers(self.probed))

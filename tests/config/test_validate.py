@@ -69,6 +69,8 @@ def test_size_presets_match_the_papers():
     (["norm=none", "norm.final_norm=true"], "norm=none"),
     (["model.share_embeddings=all", "data.joined_dictionary=false"], "model.share_embeddings"),
     (["trainer.device=cpu", "trainer.precision=fp16"], "trainer.precision"),
+    (["trainer.compile_scope=blocks"], "trainer.compile_scope"),
+    (["trainer.compile=true", "trainer.telemetry_interval=5"], "trainer.telemetry_interval"),
     (["init=no_such_scheme"], None),
 ])
 def test_impossible_combinations_name_the_key(overrides, key):

@@ -32,7 +32,8 @@ def test_compile_is_dynamic_for_translation_batches_and_static_for_lm_blocks(tas
 def test_compile_scope_layers_compiles_each_layer_for_training_only(monkeypatch):
     """trainer.compile_scope=layers: training calls every encoder and decoder layer through its
     own compiled call; the model itself is not wrapped, its state dict keeps its keys, and
-    validation and decoding (eval mode) call the layers themselves."""
+    validation and decoding (eval mode) and a train-mode forward without gradients call the
+    layers themselves."""
     calls = []
 
     class Counted(torch.nn.Module):  # stands for torch.compile's wrapper: counts the calls
@@ -56,6 +57,9 @@ def test_compile_scope_layers_compiles_each_layer_for_training_only(monkeypatch)
     calls.clear()
     model.eval()
     with torch.no_grad():
+        model(src, prev)
+    model.train()
+    with torch.no_grad():  # an analysis's train-mode forward (deepinit analyze mode-gap)
         model(src, prev)
     assert calls == []
 

@@ -23,7 +23,7 @@ def test_folder_names_are_flat_and_never_cut_an_override():
     assert folder_name(["+sweep=beta2_lr", "optim.lr=1e-4"], "default") == "sweep=beta2_lr,optim.lr=1e-4"
     # how a run runs, not what it computes, names no folder: the same cell resumes in the same one
     # (runner/sweep/plan.py gives them the same key)
-    for how in ("trainer.device=cuda", "trainer.compile=true", "trainer.threads=4"):
+    for how in ("trainer.device=cuda", "trainer.compile=true", "trainer.compile_scope=layers", "trainer.threads=4"):
         assert folder_name(["optim.lr=1e-4", how], "default", cell=True) == "optim.lr=1e-4", how
     overrides = [f"trainer.save_interval={100 + i}" if i == 0 else f"model.key{i:02d}=value{i:03d}"
                  for i in range(10)] + ["data.dir=/a/very/long/path/" + "x" * 200]

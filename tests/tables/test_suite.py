@@ -850,9 +850,46 @@ def test_records_time_the_counts_at_once_they_ran_at():
         assert costs.seconds(shallow[7], 2) == pytest.approx(cell_s)  # bounded by 4 at once
         assert costs.seconds(shallow[7], 8) == pytest.approx(2 * cell_s)  # no more cells per hour than at 4
         assert costs.seconds(deep[1], 4) == pytest.approx(3 * cell_s)
+        # the reference's own count missing from the rounds: its time stands at that count, is
+        # at most that alone, and at least the measured slowdown at a count above
+        reference.record["pool_slots"] = 2
+        costs = CellCosts(Deadline(at=1e9, cell_s=cell_s), reference, todo, list(rounds.values()), None, layers)
+        assert costs.seconds(shallow[7], 2) == pytest.approx(cell_s)
+        assert costs.seconds(shallow[7], 1) == pytest.approx(cell_s)
+        assert costs.seconds(shallow[7], 4) == pytest.approx(cell_s * slow)
+        reference.record["pool_slots"] = 4
+        # counts past the machine's cores, other GPUs and other compile settings stay out
+        shallow[8].record = gpu(900.0, 0.2, 16)
+        assert 16 in record_rounds(cells, reference, "cuda") and 16 not in record_rounds(cells, reference, "cuda", most=8)
+        shallow[8].record = gpu(300.0, 0.030, 1, device_name="NVIDIA H100")
+        assert record_rounds(cells, reference, "cuda")[1].seconds_per_update == pytest.approx(0.041)
+        assert record_rounds(cells, reference, "cuda", (True, "layers")) == {}  # the reference ran eagerly
     finally:
         for cell, _ in timed:
             cell.record = None
+        shallow[8].record = None
+
+
+def test_a_record_names_the_most_cells_that_ran_while_it_ran(monkeypatch, tmp_path):
+    """pool_slots is measured, not the pool's size: a pool's last cell, or a pool of more slots
+    than cells, shares the machine with fewer."""
+    from runner.tables import pool
+
+    class Process:
+        def poll(self):
+            return None
+
+    monkeypatch.setattr(pool, "write_config", lambda *a, **k: None)
+    monkeypatch.setattr(pool.subprocess, "Popen", lambda *a, **k: Process())
+    cells = suite.plan("reproduce_table2_gpu")[:4]
+    jobs = [pool.Job(c, tmp_path, None) for c in cells]
+    running = pool._Pool(jobs, 4, None, compose=lambda overrides: None)
+    running._start(jobs[0])
+    running._start(jobs[1])
+    running.running.pop(0)  # the first cell ends
+    running._start(jobs[2])
+    running._start(jobs[3])
+    assert [running.peak[c.name] for c in cells] == [2, 3, 3, 3]
 
 
 @pytest.mark.slow
