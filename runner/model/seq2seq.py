@@ -171,10 +171,10 @@ class Stack(nn.Module):
         self.compiled_calls = {id(layer): compile_layer(layer) for layer in self.layers}
 
     def run_layer(self, layer: nn.Module, *args):
-        if self.training and torch.is_grad_enabled():
+        if self.compiled_calls and self.training and torch.is_grad_enabled():
             layer = self.compiled_calls.get(id(layer), layer)
-            if self.checkpointing:
-                return checkpoint(layer, *args, use_reentrant=False)
+        if self.checkpointing and self.training:
+            return checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
 
 

@@ -172,6 +172,11 @@ class CellEstimate:
     source: str
 
 
+def model_shape(cell) -> dict:
+    """A cell's model axes (model.*), its layers included: cells of one shape cost the same."""
+    return {k: v for k, v in cell.arm.items() if k.startswith("model.")}
+
+
 @dataclass
 class RealSuite:
     """A target's real tier as it stands: its planned cells with the records they have."""
@@ -204,7 +209,7 @@ class RealSuite:
             return statistics.median(c.record["wall_s"] for c in cells) + RECORD_UNTIMED_S if cells else None
 
         def shape(cell, layers: bool = True) -> dict:
-            return {k: v for k, v in cell.arm.items() if k.startswith("model.") and (layers or k != "model.layers")}
+            return {k: v for k, v in model_shape(cell).items() if layers or k != "model.layers"}
 
         def deeper_or_shallower(cell) -> Optional[float]:
             """The whole-budget records of the same width at another depth, scaled by layers (as

@@ -30,6 +30,7 @@ from runner.tables.plan import (
     cell_count,
     describe_estimates,
     gpu_visible,
+    model_shape,
     per_cell_range,
     ran_whole_budget,
     real_suite,
@@ -272,9 +273,6 @@ def record_rounds(cells: Sequence[suite.SuiteCell], reference: Optional[suite.Su
     if reference is None or device is None:
         return {}
 
-    def shape(cell: suite.SuiteCell) -> dict:
-        return {k: v for k, v in cell.arm.items() if k.startswith("model.")}
-
     wanted = (run_setting(reference.record)[0], *compile_setting)
     if run_setting(reference.record) != wanted:
         return {}
@@ -282,7 +280,7 @@ def record_rounds(cells: Sequence[suite.SuiteCell], reference: Optional[suite.Su
     for cell in cells:
         r = cell.record
         if (r and ran_whole_budget(r) and record_device(r) == device and r.get("seconds_per_update")
-                and r.get("updates") and shape(cell) == shape(reference) and run_setting(r) == wanted
+                and r.get("updates") and model_shape(cell) == model_shape(reference) and run_setting(r) == wanted
                 and (most is None or int(r.get("pool_slots") or 1) <= most)):
             by_count.setdefault(int(r.get("pool_slots") or 1), []).append(r)
     rounds = {}
