@@ -130,6 +130,9 @@ class RunParts:
     update_hook: Optional[Callable[[nn.Module, int], None]]
     started: float  # time.time() before the init scheme / checkpoint load (wall time counts from it)
     init_report: Optional[dict] = None  # None when the weights come from a checkpoint
+    # training passes a source mask even for a batch without padding (trainer.compile): the
+    # padding flag is a Python bool, and each value would compile a graph of its own
+    src_mask_always: bool = False
 
     @property
     def task(self) -> str:
@@ -198,7 +201,7 @@ def build_run(cfg: Config, initialize: bool = True,
         train_split=train, batches=batches, valid_split=valid, valid_batches=valid_batches,
         valid_unigram_nll=unigram_nll(train, valid, len(data.tgt_dict)), data_stats=stats,
         model=model, forward=forward, optimizer=optimizer,
-        unpad=t.unpad if t.unpad is not None else device.type == "cpu",
+        unpad=t.unpad if t.unpad is not None else device.type == "cpu", src_mask_always=t.compile,
         update_hook=init_schemes.update_hook(cfg), started=started, init_report=report)
 
 

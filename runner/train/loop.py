@@ -307,8 +307,10 @@ class Trainer:
         """(label-smoothed loss, NLL), each summed over the micro-batch's target tokens. The
         logits are not kept: autograd keeps what it needs, and the logits themselves would add
         B*T*V to the peak."""
+        # an all-True mask on a batch without padding changes no attention weight
+        has_pad = batch.src_has_pad or self.parts.src_mask_always
         with self.autocast():
-            logits = forward(batch.src_tokens, batch.prev_tokens, batch.src_has_pad, unpad=unpad)
+            logits = forward(batch.src_tokens, batch.prev_tokens, has_pad, unpad=unpad)
         target = batch.real_target if unpad else batch.target
         return label_smoothed_nll(logits, target, self.cfg.trainer.label_smoothing, self.parts.pad)
 

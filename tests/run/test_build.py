@@ -101,3 +101,52 @@ def test_compiled_nodes_grow_with_depth_only_for_the_whole_model(scope, monkeypa
         assert compiled[2] == compiled[1]
     else:
         assert compiled[2] > 1.5 * compiled[1]
+
+
+@pytest.mark.parametrize("scope,graphs", [("model", 1), ("layers", 2)])
+def test_compiled_training_needs_no_second_graph_for_a_batch_without_source_padding(scope, graphs, monkeypatch):
+    """The source-padding flag is a Python bool, so each of its values would be a graph of its
+    own: with trainer.compile, training passes a mask for every batch, and a batch without
+    padding after one with padding compiles nothing new (one graph of the whole model, or one of
+    the encoder layer and one of the decoder layer). With the flag passed as it is, the same two
+    batches compile twice as many graphs."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from runner.data.batching import collate
+    from runner.train.loop import Trainer
+
+    compiled = []
+
+    def counting(gm, example_inputs):  # a dynamo backend that counts the graphs it is handed
+        compiled.append(gm)
+        return gm.forward
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: real(module, backend=counting, **kw))
+    cfg = compose(["trainer.compile=true", f"trainer.compile_scope={scope}", "model.layers=1",
+                   "trainer.device=cpu", "trainer.unpad=false"])
+    counts = {}
+    for always in (True, False):
+        torch._dynamo.reset()
+        counters.clear()
+        compiled.clear()
+        parts = build.build_run(cfg)
+        assert parts.src_mask_always is True
+        parts.src_mask_always = always
+        trainer = Trainer(parts)
+        split = parts.train_split
+        by_length = {}
+        for i, n in enumerate(split.src_lengths):
+            by_length.setdefault(int(n), []).append(i)
+        same = next(v for v in by_length.values() if len(v) >= 3)[:3]  # no padding
+        mixed = [v[0] for v in list(by_length.values())[:3]]  # three source lengths: padding
+        batches = [collate(split, idx, parts.pad, parts.eos) for idx in (mixed, same)]
+        assert [b.src_has_pad for b in batches] == [True, False]
+        for batch in batches:
+            loss, _ = trainer.micro_batch_loss(parts.forward, batch, unpad=False)
+            loss.backward()
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        counts[always] = len(compiled)
+    torch._dynamo.reset()
+    assert counts == {True: graphs, False: 2 * graphs}
