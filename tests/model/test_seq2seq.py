@@ -267,3 +267,32 @@ def test_cpu_matmul_attention_dropout_is_unbiased():
         draws = torch.stack([attn(x, is_causal=True) for _ in range(4000)])
     assert not torch.allclose(draws[0], draws[1])
     torch.testing.assert_close(draws.mean(0), clean, rtol=0, atol=0.03)
+
+
+@pytest.mark.parametrize("path", ["matmul", "sdpa", "unpad"])
+def test_an_all_true_source_mask_changes_nothing_on_a_batch_without_padding(path):
+    """Compiled training passes the source mask for every batch (RunParts.src_mask_always), so a
+    batch without padding must give the same logits with the mask as without it: bit for bit
+    where the mask is added as zeros (CPU matmul attention, the unpadded path), within float
+    rounding through sdpa."""
+    cfg, model, _ = model_for([])
+    data, _ = small_batch(cfg)
+    split = data.splits["train"]
+    by_length = {}
+    for i, n in enumerate(split.src_lengths):
+        by_length.setdefault(int(n), []).append(i)
+    same = max(by_length.values(), key=len)[:6]  # one source length: no padding
+    batch = collate(split, same, data.tgt_dict.pad_index, data.tgt_dict.eos_index)
+    assert not batch.src_has_pad and len(same) == 6
+    if path == "sdpa":
+        model.cpu_matmul_attention_max_keys = 0
+        model.select_kernels("cpu")
+    model.eval()
+    with torch.no_grad():
+        unpad = path == "unpad"
+        masked = model(batch.src_tokens, batch.prev_tokens, True, unpad=unpad)
+        unmasked = model(batch.src_tokens, batch.prev_tokens, False, unpad=unpad)
+    if path == "sdpa":
+        torch.testing.assert_close(masked, unmasked, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(masked, unmasked)
