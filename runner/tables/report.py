@@ -366,8 +366,12 @@ def change_reason(old: Verdict, new: Verdict) -> str:
     if kind == "better":
         if "p" in d:
             p = d.get("p_holm", d["p"])
-            return (prefix + f"v1 read the 95% bootstrap interval, which with {d.get('paired')} seeds is their "
-                    f"range; v{CURRENT}'s one-sided paired t-test gives p={p:.3g}"
+            n = d.get("paired")
+            # a percentile bootstrap of 2 or 3 values is their range (rulebook.py, v1)
+            interval = (f", which with {n} seeds is their range" if n is not None and n <= 3
+                        else f" of the {n} paired differences")
+            return (prefix + f"v1 read the 95% percentile bootstrap interval{interval}; "
+                    f"v{CURRENT}'s one-sided paired t-test gives p={p:.3g}"
                     + (f" after Holm over {d['family_size']} comparisons" if d.get("family_size", 1) > 1 else "")
                     + (f", and the paper's effect is below the {d['mde']:.2f} detectable at 80% power"
                        if new.verdict == "underpowered" else "") + ".")

@@ -686,3 +686,21 @@ def test_a_report_lists_a_verdict_that_rule_book_v2_read_differently():
     text = render("table2", "Table 2", "reproduce_table2_real", cells)
     line = next(x for x in text.splitlines() if x.startswith("- admin_beats_pre_ln_with_warmup: inconclusive under v2"))
     assert "underpowered now" in line and "v3 sizes the detectable effect at alpha over the family" in line
+
+
+@pytest.mark.parametrize("paired,words", [(3, "interval, which with 3 seeds is their range;"),
+                                          (10, "interval of the 10 paired differences;")])
+def test_the_reason_for_a_changed_better_verdict_names_the_v1_interval_truly(paired, words):
+    """A percentile bootstrap of 3 values is their range; of 10 it is not, and the sentence
+    beside a changed verdict must not say so."""
+    from runner.tables.claims import Verdict
+    from runner.tables.report import change_reason
+
+    claim = Claim(id="a_beats_b", text="A beats B", kind="better", a={"method": "a"}, b={"method": "b"},
+                  paper_effect=0.32)
+    old = Verdict(claim, "inconclusive", "")
+    new = Verdict(claim, "underpowered", "", {"paired": paired, "p": 0.44, "p_holm": 0.44,
+                                              "family_size": 2, "mde": 0.39})
+    reason = change_reason(old, new)
+    assert words in reason
+    assert "p=0.44 after Holm over 2 comparisons" in reason and "0.39 detectable" in reason
