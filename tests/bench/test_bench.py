@@ -588,7 +588,7 @@ def test_dynamo_counts_tell_a_compiled_entry_from_an_eager_fallback():
     assert dynamo_counts() == {"graphs": 2, "graph_breaks": 1, "frames_failed": 0}
 
 
-def test_dynamo_counts_flag_frames_that_fell_back_to_eager(monkeypatch):
+def test_dynamo_counts_flag_frames_that_fell_back_to_eager():
     """A compile that made graphs can still run part of the model eagerly: a frame past the
     recompile limit is given up on. dynamo_counts counts such frames, and eager_fallback says so."""
     import torch._dynamo
@@ -601,10 +601,12 @@ def test_dynamo_counts_flag_frames_that_fell_back_to_eager(monkeypatch):
 
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    fn = torch.compile(scale, backend="eager", dynamic=False)
-    for n in range(3):  # a new int specializes the graph: the second call needs a recompile
-        assert torch.equal(fn(torch.ones(2), n), torch.full((2,), float(n)))
+    # config.patch, not monkeypatch: monkeypatch's undo deletes the key from torch's config
+    # module, and every later compile in the process then fails (and runs eagerly)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        fn = torch.compile(scale, backend="eager", dynamic=False)
+        for n in range(3):  # a new int specializes the graph: the second call needs a recompile
+            assert torch.equal(fn(torch.ones(2), n), torch.full((2,), float(n)))
     assert dynamo_counts() == {"graphs": 1, "graph_breaks": 0, "frames_failed": 1}
     assert eager_fallback(dynamo_counts()) == "torch.compile gave up on 1 frame(s), which ran eagerly"
     assert eager_fallback({"graphs": 0, "graph_breaks": 0}).endswith("these are eager figures")
