@@ -130,13 +130,16 @@ class RunParts:
     update_hook: Optional[Callable[[nn.Module, int], None]]
     started: float  # time.time() before the init scheme / checkpoint load (wall time counts from it)
     init_report: Optional[dict] = None  # None when the weights come from a checkpoint
-    # training passes a source mask even for a batch without padding (trainer.compile): the
-    # padding flag is a Python bool, and each value would compile a graph of its own
-    src_mask_always: bool = False
 
     @property
     def task(self) -> str:
         return self.cfg.task
+
+    @property
+    def src_mask_always(self) -> bool:
+        """Compiled training passes a source mask even for a batch without padding: the padding
+        flag is a Python bool, and each of its values would compile a graph of its own."""
+        return self.cfg.trainer.compile
 
     @property
     def pad(self) -> Optional[int]:
@@ -201,7 +204,7 @@ def build_run(cfg: Config, initialize: bool = True,
         train_split=train, batches=batches, valid_split=valid, valid_batches=valid_batches,
         valid_unigram_nll=unigram_nll(train, valid, len(data.tgt_dict)), data_stats=stats,
         model=model, forward=forward, optimizer=optimizer,
-        unpad=t.unpad if t.unpad is not None else device.type == "cpu", src_mask_always=t.compile,
+        unpad=t.unpad if t.unpad is not None else device.type == "cpu",
         update_hook=init_schemes.update_hook(cfg), started=started, init_report=report)
 
 

@@ -133,7 +133,8 @@ def test_compiled_training_needs_no_second_graph_for_a_batch_without_source_padd
         compiled.clear()
         parts = build.build_run(cfg)
         assert parts.src_mask_always is True
-        parts.src_mask_always = always
+        parts.cfg.trainer.compile = always  # the model is compiled already; training reads the flag
+        assert parts.src_mask_always is always
         trainer = Trainer(parts)
         split = parts.train_split
         by_length = {}
