@@ -121,15 +121,17 @@ def depth_entry(layers: int, checkpointing: bool, args) -> Entry:
     model = ["model=ultradeep", f"model.layers={layers}", "norm=none", "init=tfixup",
              "warmup=none", f"model.activation_checkpointing={str(checkpointing).lower()}"]
     warmup, steps = (1, 1) if args.quick else (1, 3)
+    # the depth's own settings come after the user's overrides: a `model.layers=12` meant for the
+    # presets must not turn the 200+200 entry into a 12+12 one that the table calls 200+200
     return Entry(f"depth-{layers}{'-ckpt' if checkpointing else ''}", "depth",
-                 RECIPE + model + list(args.override), 1000, args.depth_max_tokens, warmup,
+                 RECIPE + list(args.override) + model, 1000, args.depth_max_tokens, warmup,
                  steps, 1, threads=args.threads, device=args.device, layers=layers,
                  checkpointing=checkpointing, profile=getattr(args, "profile", 0))
 
 
 def resolve_args(args, cuda: bool) -> Optional[str]:
     """Fill in the defaults that depend on the device (presets, compile) and move key=value
-    words from --presets to the overrides; an error message, or None."""
+    words from --presets and --depths to the overrides; an error message, or None."""
     if args.peer and (args.reference or args.compile == "both"):
         return "--peer is its own comparison: leave out --reference and --compile both"
     if args.profile < 0:
@@ -143,6 +145,11 @@ def resolve_args(args, cuda: bool) -> Optional[str]:
     if args.presets:  # "--presets tiny key=value": argparse gives the override to --presets
         args.override += [p for p in args.presets if "=" in p]
         args.presets = [p for p in args.presets if "=" not in p]
+    args.override += [d for d in args.depths if isinstance(d, str) and "=" in d]
+    words = [d for d in args.depths if not (isinstance(d, str) and "=" in d)]
+    if not all(str(d).isdigit() and int(d) >= 1 for d in words):
+        return f"--depths expects layer counts (whole numbers >= 1), got {' '.join(map(str, words))}"
+    args.depths = [int(d) for d in words]
     if args.presets is None:
         args.presets = ["ci"] if args.quick else ["tiny", "small", "ci"] + (["base"] if cuda else [])
     unknown = [p for p in args.presets if p not in PRESETS and p not in LM_PRESETS]

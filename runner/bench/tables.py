@@ -70,7 +70,8 @@ def print_tables(report: dict) -> None:
                       f"GFLOP/s {peak['dtype']}, {peak['source']}); load: cores other processes used.")
     depth = [e for e in report["entries"] if e["group"] == "depth"]
     if depth:
-        t = Table(title="depth scaling: 64-128-2, T-Fixup, norm=none", title_justify="left")
+        width = next((e["model"].split(",")[0] for e in depth if e.get("model")), "64-128-2")
+        t = Table(title=f"depth scaling: {width}, T-Fixup, norm=none", title_justify="left")
         for col in ("layers", "ckpt", "ms/update", "ms/upd/layer", "peak MB", "MB/added layer",
                     "loss", "status"):
             t.add_column(col, justify="right")

@@ -17,7 +17,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--presets", nargs="*", default=None,
                    help=f"of {', '.join([*PRESETS, *LM_PRESETS])} (default: tiny small ci, + base on "
                         "CUDA; lm-nanogpt-cpu: task=lm's nanoGPT CPU preset)")
-    p.add_argument("--depths", nargs="*", type=int, default=[6, 50, 100, 200],
+    # strings: key=value words after --depths are overrides (resolve_args moves them, as for --presets)
+    p.add_argument("--depths", nargs="*", default=[6, 50, 100, 200],
                    help="layers per stack for the depth scaling entries (none: skip)")
     p.add_argument("--depth-max-tokens", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=None, help="untimed updates (default per preset)")

@@ -330,6 +330,23 @@ def test_compile_both_plans_an_eager_and_a_compiled_entry():
     assert "--peer" in resolve_args(args, cuda=False)
 
 
+def test_an_override_for_the_presets_leaves_the_depth_entries_at_their_depth():
+    """`deepinit bench --depths 6 200 model.layers=12 norm=pre`: the presets run 12+12 Pre-LN, the
+    depth entries stay the 6+6 and 200+200 T-Fixup models without norms that their table names."""
+    from runner.bench.entries import plan_entries, resolve_args
+    from runner.cli.bench import parse_args
+    from tests.conftest import compose
+
+    args = parse_args(["--presets", "ci", "--depths", "6", "200", "model.layers=12", "norm=pre", "model.dim=32"])
+    assert resolve_args(args, cuda=False) is None
+    preset, *depth = [e for e in plan_entries(args) if e.name in ("ci", "depth-6", "depth-200")]
+    assert compose(preset.overrides).model.num_encoder_layers == 12
+    for entry, layers in zip(depth, (6, 200)):
+        cfg = compose(entry.overrides)
+        assert (cfg.model.num_encoder_layers, cfg.model.num_decoder_layers) == (layers, layers)
+        assert cfg.norm.placement == "none" and cfg.model.dim == 32  # other overrides still apply
+    assert "--depths expects layer counts" in resolve_args(parse_args(["--depths", "6", "deep"]), cuda=False)
+
 def test_gpu_presets_compose_to_their_shapes():
     from runner.bench.entries import PRESETS, RECIPE, SCHEDULE
     from tests.conftest import compose
