@@ -145,10 +145,10 @@ def resolve_args(args, cuda: bool) -> Optional[str]:
     if args.presets:  # "--presets tiny key=value": argparse gives the override to --presets
         args.override += [p for p in args.presets if "=" in p]
         args.presets = [p for p in args.presets if "=" not in p]
-    args.override += [d for d in args.depths if isinstance(d, str) and "=" in d]
-    words = [d for d in args.depths if not (isinstance(d, str) and "=" in d)]
-    if not all(str(d).isdigit() and int(d) >= 1 for d in words):
-        return f"--depths expects layer counts (whole numbers >= 1), got {' '.join(map(str, words))}"
+    words = [str(d) for d in args.depths if "=" not in str(d)]
+    args.override += [str(d) for d in args.depths if "=" in str(d)]
+    if not all(d.isdigit() and int(d) >= 1 for d in words):
+        return f"--depths expects layer counts (whole numbers >= 1), got {' '.join(words)}"
     args.depths = [int(d) for d in words]
     if args.presets is None:
         args.presets = ["ci"] if args.quick else ["tiny", "small", "ci"] + (["base"] if cuda else [])
