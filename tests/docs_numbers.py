@@ -99,6 +99,13 @@ def agree_in_order(quoted: Sequence[Num], source: Sequence[Num]) -> bool:
     return 0 < len(quoted) <= len(source) and all(agrees(q, s) for q, s in zip(quoted, source))
 
 
+def in_order(quoted: Sequence[Num], source: Sequence[Num]) -> bool:
+    """A doc's text cell against a rendered one: its numbers occur among the rendered cell's in
+    the same order (the doc may leave words and numbers out, not change them)."""
+    it = iter(source)
+    return all(any(agrees(q, s) for s in it) for q in quoted)
+
+
 # ----------------------------------------------------------------------------- markdown tables
 @dataclass
 class Table:
@@ -263,8 +270,18 @@ def check_table(table: Table, rendered: Sequence[Table], where: str) -> tuple[li
         strict = {j: cols for j, cols in best_map.items() if j < len(row) and is_statistic(row[j])}
         pivot = [] if best_map else [j for j in range(1, len(row)) if is_statistic(row[j])]
         prose += [c for j, c in enumerate(row) if j not in strict and j not in pivot]
+        same = [r for r in best_rows if _norm(r[0]) == _norm(label)]
+        for j, cols in best_map.items():
+            # a text cell of a row the records render under the same label: its numbers are the
+            # rendered cell's, in order ("3 of 3 seeds ... 3 stalled" is not "... 2 stalled")
+            if j in strict or j >= len(row) or not same or not numbers(row[j]):
+                continue
+            if not any(in_order(numbers(row[j]), numbers(r[cols[0]])) for r in same if cols[0] < len(r)):
+                rendered_cell = same[0][cols[0]] if cols[0] < len(same[0]) else "-"
+                problems.append(Problem(where, row[j], (
+                    f"row '{label}', column '{table.header[j]}': the doc says '{row[j]}', the "
+                    f"records render '{rendered_cell}'")))
         if strict:
-            same = [r for r in best_rows if _norm(r[0]) == _norm(label)]
 
             def score(r):
                 agree = sum(_cell_agrees(row[j], r, cols) for j, cols in strict.items())
