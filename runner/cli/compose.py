@@ -29,16 +29,27 @@ INIT_OPTIONS_GROUP = "init_options"
 NORM_OPTIONS_GROUP = "norm_options"
 
 
+# What register_schemas stored last: the registries it read (storing builds every schema's node,
+# about a fifth of a compose's time, so a process that composes many configs stores them once).
+_registered: Optional[tuple] = None
+
+
 def register_schemas() -> None:
     """Register the schemas with Hydra's ConfigStore: the Config (conf/train.yaml extends
     config_schema), every init scheme's options, from the registry (runner.init.SCHEMES), and
-    the options of every norm placement that has its own (runner.model.sublayer.PLACEMENT_OPTIONS)."""
+    the options of every norm placement that has its own (runner.model.sublayer.PLACEMENT_OPTIONS).
+    Once per process, and again when a registry has changed since."""
+    global _registered
     store = ConfigStore.instance()
+    registries = (tuple(SCHEMES.items()), tuple(PLACEMENT_OPTIONS.items()))
+    if registries == _registered and "config_schema.yaml" in store.repo:
+        return
     store.store(name="config_schema", node=Config)
     for name, scheme in SCHEMES.items():
         store.store(group=INIT_OPTIONS_GROUP, name=name, node=scheme.options(name=name))
     for name, cls in PLACEMENT_OPTIONS.items():
         store.store(group=NORM_OPTIONS_GROUP, name=name, node=cls(placement=name))
+    _registered = registries
 
 
 def with_option_classes(cfg: Config) -> Config:

@@ -44,6 +44,9 @@ PAPER_CORPORA = {
 # Seconds per update on one H100, measured (a finished cell's result.json: wall_s / updates), by
 # (preset, model.layers); a measured cell replaces the FLOPs estimate. None measured yet.
 H100_SECONDS_PER_UPDATE: dict[tuple[str, int], float] = {}
+# Cell axes that change neither the model, the data, nor the update count: cells that differ only
+# in them cost the same, and one Config is composed for them all (a compose takes ~0.2 s).
+COST_FREE_KEYS = frozenset({"trainer.seed", "optim.lr", "optim.beta2"})
 
 
 def update_flops(cfg: Config, corpus: CorpusShape) -> float:
@@ -76,8 +79,12 @@ def paper_gpu_hours(target: str, compose: Callable[[list[str]], Config],
     for part in TARGETS[target].parts.get("paper", ()):
         hours = 0.0
         cells, _ = plan_cells(part.preset)
+        composed: dict[tuple, Config] = {}
         for cell in cells:
-            cfg = compose([f"+sweep={part.preset}", *(f"{k}={v}" for k, v in cell.items())])
+            shape = tuple((k, v) for k, v in cell.items() if k not in COST_FREE_KEYS)
+            if shape not in composed:
+                composed[shape] = compose([f"+sweep={part.preset}", *(f"{k}={v}" for k, v in shape)])
+            cfg = composed[shape]
             updates = cfg.trainer.max_updates
             flops = updates * update_flops(cfg, PAPER_CORPORA[part.data_env])
             measured = H100_SECONDS_PER_UPDATE.get((part.preset, cfg.model.layers))

@@ -36,6 +36,7 @@ from runner.run.build import check_config
 from runner.sweep.plan import plan_cells
 from runner.tables.cost import (
     ASSUMED_UTILIZATION,
+    COST_FREE_KEYS,
     H100_PEAK_TFLOPS,
     H100_SECONDS_PER_UPDATE,
     PAPER_CORPORA,
@@ -219,10 +220,34 @@ def test_a_measured_seconds_per_update_replaces_the_flops_estimate(monkeypatch):
 
 @pytest.mark.slow
 def test_every_paper_target_has_a_gpu_hour_estimate():
-    costs = {name: paper_gpu_hours(name, compose) for name in PAPER_TARGETS}
+    composed = []
+
+    def counting_compose(overrides):
+        composed.append(overrides)
+        return compose(overrides)
+
+    costs = {name: paper_gpu_hours(name, counting_compose) for name in PAPER_TARGETS}
     assert {n: c.cells for n, c in costs.items()} == \
         {"grid": 45, "lipschitz": 16, "table2": 24, "tfixup-depth": 5}
     assert all(c.gpu_hours > 0 and c.measured_cells == 0 for c in costs.values())
+    # cells that differ only in seed, lr or beta2 are composed once: the grid's 3 methods, IWSLT'14
+    # table2's 3 methods (5 seeds each), every cell of the others
+    assert len(composed) == 3 + 16 + 3 + 9 + 5
+
+
+def test_seed_lr_and_beta2_leave_a_cells_cost_unchanged():
+    """What lets paper_gpu_hours compose one Config for the cells that differ only in
+    COST_FREE_KEYS: the composed update count and FLOPs per update are the same."""
+    def cost(preset, *axes):
+        cfg = compose([f"+sweep={preset}", *axes])
+        part = next(p for _, p in PAPER_PARTS if p.preset == preset)
+        return cfg.trainer.max_updates, update_flops(cfg, PAPER_CORPORA[part.data_env])
+
+    assert COST_FREE_KEYS == {"trainer.seed", "optim.lr", "optim.beta2"}
+    assert cost("reproduce_grid_paper", "method=admin", "optim.lr=1e-4", "optim.beta2=0.98") == \
+        cost("reproduce_grid_paper", "method=admin", "optim.lr=1e-3", "optim.beta2=0.999")
+    assert cost("reproduce_table2_iwslt14", "method=admin", "trainer.seed=1") == \
+        cost("reproduce_table2_iwslt14", "method=admin", "trainer.seed=3")
 
 
 def _flop_hours(preset: str, *axes: str) -> float:
