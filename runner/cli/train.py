@@ -11,6 +11,7 @@ unfinished cells are marked interrupted and the same command resumes them.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -23,7 +24,9 @@ from typing import Optional
 
 import hydra
 import submitit
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
@@ -255,6 +258,30 @@ def user_error(exc: BaseException, multirun: bool) -> Optional[str]:
     return None
 
 
+@contextlib.contextmanager
+def one_repository_for_group_listing():
+    """Hydra's app help (`deepinit --help`) lists the options of every config group, and copies
+    the whole config repository for each of its ~120 queries (ConfigLoaderImpl.get_group_options
+    builds a fresh caching repository each time): ~4 s of a 5 s help. Nothing changes the
+    repository while help prints, so the queries without overrides share one copy here."""
+    original = ConfigLoaderImpl.get_group_options
+    shared: dict[int, object] = {}
+
+    def get_group_options(self, group_name, results_filter=ObjectType.CONFIG, config_name=None,
+                          overrides=None):
+        if config_name is not None or overrides:
+            return original(self, group_name, results_filter, config_name, overrides)
+        if id(self) not in shared:
+            shared[id(self)] = self._parse_overrides_and_create_caching_repo(None, [])[1]
+        return shared[id(self)].get_group_options(group_name, results_filter)
+
+    ConfigLoaderImpl.get_group_options = get_group_options
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl.get_group_options = original
+
+
 def main(args: list[str]) -> int:
     register_schemas()
     sys.argv = [sys.argv[0], *with_output_dirs(args)]
@@ -270,7 +297,9 @@ def main(args: list[str]) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         # config_path is resolved at call time so editable installs and wheels both work.
-        hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")(run_task)()
+        app_help = "--help" in flags or "-h" in flags
+        with one_repository_for_group_listing() if app_help else contextlib.nullcontext():
+            hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")(run_task)()
     except KeyboardInterrupt as exc:
         signum = attempt.signal_of(exc)
         if multirun:
