@@ -20,6 +20,8 @@ import torch
 from runner.config import Config
 from runner.console import format_duration
 from runner.files import atomic_path
+from runner.run.attempt import INTERRUPTED_FILE
+from runner.run.folder import LAST
 from runner.run.status import OK
 from runner.sweep.plan import norm_key
 from runner.tables import pool, suite
@@ -112,6 +114,16 @@ def run_real(target: Target, request: Request, tier: str = "real",
             layers[cell.name] = model_layers(compose(cell.overrides))
         return layers[cell.name]
 
+    budgets: dict[str, int] = {}  # each resuming cell's max_updates, composed once
+
+    def share_left(cell: suite.SuiteCell) -> float:
+        run_dir = work / cell.name
+        if not (run_dir / INTERRUPTED_FILE).is_file():
+            return 1.0
+        if cell.name not in budgets:
+            budgets[cell.name] = compose(cell.overrides).trainer.max_updates
+        return updates_left(run_dir, budgets[cell.name])
+
     probed = None
     # the counts at once the records have timed (alone among them): what a probe would measure
     if device is not None and todo:
@@ -126,7 +138,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
         print("probe: skipped: the records time " + "; ".join(r.line() for r in timed_counts.values()))
     elif request.probe and trains and todo:
         probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
-        alone_s = (CellCosts(deadline, reference, todo, [], None, cell_layers).seconds(probed, 1)
+        alone_s = (CellCosts(deadline, reference, todo, [], None, cell_layers, share_left).seconds(probed, 1)
                    if deadline is not None else None)
         if probe_leaves_time(deadline, alone_s):
             budget = deadline.left() * PROBE_BUDGET_SHARE if deadline is not None else None
@@ -137,7 +149,8 @@ def run_real(target: Target, request: Request, tier: str = "real",
                   f"than the ~{format_duration(alone_s)} a cell takes alone (records); {parallel} at a time, "
                   f"as the records were timed")
     if deadline is not None and trains and todo:
-        costs = CellCosts(deadline, reference, todo, rounds or list(recorded.values()), probed, cell_layers)
+        costs = CellCosts(deadline, reference, todo, rounds or list(recorded.values()), probed, cell_layers,
+                          share_left)
         if rounds or (request.probe and timed_counts):
             parallel = costs.parallel_for_deadline(parallel)
         deadline = costs.deadline(parallel)
@@ -303,6 +316,21 @@ def model_layers(cfg: Config) -> int:
     return cfg.model.num_encoder_layers + cfg.model.num_decoder_layers
 
 
+def updates_left(run_dir: Path, max_updates: int) -> float:
+    """The share of a cell's `max_updates` its next start still has to train: below 1 where a stop
+    saved a checkpoint that the start resumes from (interrupted.json's `checkpoint` and
+    `resume_update`; runner/run/attempt.py), 1 for a fresh cell, and for one whose last stop left
+    no such marker (a kill leaves none: the estimate then stays that of the whole cell)."""
+    try:
+        marker = json.loads((run_dir / INTERRUPTED_FILE).read_text())
+    except (OSError, ValueError):
+        return 1.0
+    done = marker.get("resume_update") if isinstance(marker, dict) and marker.get("checkpoint") else None
+    if not isinstance(done, int) or max_updates <= 0 or not (run_dir / LAST).is_file():
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - done / max_updates))
+
+
 class CellCosts:
     """Each cell's expected seconds under a deadline, with `parallel` cells sharing the machine.
 
@@ -323,14 +351,28 @@ class CellCosts:
 
     def __init__(self, deadline: pool.Deadline, reference: Optional[suite.SuiteCell],
                  todo: Sequence[suite.SuiteCell], rounds: Sequence[pool.ProbeRun],
-                 probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int]):
+                 probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int],
+                 share_left: Callable[[suite.SuiteCell], float] = lambda cell: 1.0):
         """`reference`: the record that timed the suite (median_timed, the cell `deadline`'s
-        cell_s comes from; cell_deadline)."""
+        cell_s comes from; cell_deadline). `share_left`: the share of a cell's updates it still
+        has to train (below 1 for a cell that resumes from a checkpoint; updates_left)."""
         self.base, self.reference, self.todo, self.layers = deadline, reference, list(todo), cell_layers
         self.rounds = {r.parallel: r for r in rounds}
         self.probed = probed if rounds else None
+        self.share_left = share_left
 
     def seconds(self, cell: suite.SuiteCell, parallel: int) -> Optional[float]:
+        """The cell's expected seconds at `parallel` at once; for a cell that resumes, the share
+        of its updates left of the time past RECORD_UNTIMED_S (start-up and the final decoding
+        are paid in full)."""
+        whole = self.whole_seconds(cell, parallel)
+        share = self.share_left(cell)
+        if whole is None or share >= 1.0:
+            return whole
+        return min(whole, RECORD_UNTIMED_S + (whole - RECORD_UNTIMED_S) * max(0.0, share))
+
+    def whole_seconds(self, cell: suite.SuiteCell, parallel: int) -> Optional[float]:
+        """The seconds of the cell's whole budget at `parallel` at once."""
         size = max(1, self.layers(cell))
         chosen = self.rounds.get(parallel)
         if self.reference is not None and self.base.cell_s is not None:

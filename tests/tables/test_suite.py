@@ -737,6 +737,44 @@ def test_each_cell_expects_its_own_time_from_records_and_probe_scaled_by_its_lay
         shallow[0].record = None
 
 
+def test_a_cell_that_resumes_expects_the_share_of_its_updates_left(tmp_path):
+    """A cell stopped with a checkpoint (interrupted.json: checkpoint, resume_update) resumes
+    there: under a deadline it expects the share of its updates left of its time past
+    RECORD_UNTIMED_S (start-up and the final decoding are paid again), so a long cell that an
+    earlier call on the same machine brought most of the way fits where the whole cell would not."""
+    from runner.tables.pool import Deadline
+    from runner.tables.real_tier import RECORD_UNTIMED_S, CellCosts, median_timed, updates_left
+
+    run = tmp_path / "cell"
+    run.mkdir()
+    assert updates_left(run, 2000) == 1.0  # fresh
+    (run / "interrupted.json").write_text(json.dumps({"checkpoint": True, "resume_update": 500}))
+    assert updates_left(run, 2000) == 1.0  # the checkpoint the marker names is gone
+    (run / "checkpoint_last.pt").write_bytes(b"")
+    assert updates_left(run, 2000) == 0.75
+    (run / "interrupted.json").write_text(json.dumps({"checkpoint": False, "resume_update": 0}))
+    assert updates_left(run, 2000) == 1.0  # stopped before any checkpoint: from the start
+    (run / "interrupted.json").write_text("{")
+    assert updates_left(run, 2000) == 1.0
+
+    cells, layers = _table2_gpu_cells()
+    shallow = [c for c in cells if layers(c) == 12]
+    deep = [c for c in cells if layers(c) == 36]
+    shallow[0].record = {"status": "ok", "wall_s": 265.0}
+    try:
+        todo = [c for c in cells if c.record is None]
+        left = {deep[0].name: 0.1}
+        costs = CellCosts(Deadline(at=1e9, cell_s=265.0), median_timed(cells), todo, [], None, layers,
+                          lambda c: left.get(c.name, 1.0))
+        assert costs.seconds(deep[1], 1) == pytest.approx(3 * 265)
+        assert costs.seconds(deep[0], 1) == pytest.approx(RECORD_UNTIMED_S + (3 * 265 - RECORD_UNTIMED_S) * 0.1)
+        # cheaper now than a fresh 6+6 cell: the pool takes it first
+        per_cell = costs.deadline(1).per_cell
+        assert min(per_cell, key=per_cell.get) == deep[0].name
+    finally:
+        shallow[0].record = None
+
+
 def test_the_time_per_cell_comes_from_whole_records_plus_what_wall_s_leaves_out():
     """median_timed reads only records of cells that ran their whole budget (a diverged cell's
     short wall time is no cell's time), and the deadline adds what a record's wall_s does not
