@@ -108,6 +108,10 @@ def main(argv: Sequence[str]) -> int:
                         "when it is expected to finish in time (the median wall time of the suite's "
                         "records, else the preset's minutes per cell), and stop the cells still running "
                         "at the deadline (interrupted: the same command resumes them)")
+    p.add_argument("--start-unfinished", action="store_true",
+                   help="with --deadline, on a machine that keeps its run folders between calls: once no "
+                        "cell left can finish in time, start the cheapest anyway; it stops at the deadline "
+                        "with a checkpoint, and the next call resumes it, expecting only its updates left")
     p.add_argument("--bundle", type=Path, default=None, metavar="FILE.tgz",
                    help="real and gpu tiers: afterwards, pack the suite's records, report and plots, "
                         "each cell's log and a summary (cells trained, not started, stopped) into one "
@@ -122,10 +126,15 @@ def main(argv: Sequence[str]) -> int:
                       launcher=args.launcher, parallel=max(0, args.parallel), probe=args.parallel == AUTO,
                       out=args.out,
                       suites=tuple(args.suites or ()), dry_run=args.dry_run, no_eval=args.no_eval,
-                      table_only=args.table_only, deadline_s=args.deadline, bundle=args.bundle)
+                      table_only=args.table_only, deadline_s=args.deadline,
+                      start_unfinished=args.start_unfinished, bundle=args.bundle)
     if args.deadline is not None and not args.deadline > 0:
         sys.stderr.write(f"deepinit reproduce: --deadline {args.deadline:g}: expected a positive number "
                          "of seconds\n")
+        return 2
+    if args.start_unfinished and args.deadline is None:
+        sys.stderr.write("deepinit reproduce: --start-unfinished: expected with --deadline SECONDS (without "
+                         "one every cell starts anyway)\n")
         return 2
     attempt.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
     try:

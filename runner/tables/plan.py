@@ -40,6 +40,8 @@ class Request:
     # real and gpu tiers: seconds from the start after which no cell runs (None: no limit); a cell
     # that is not expected to finish before then is not started (runner/tables/pool.py)
     deadline_s: Optional[float] = None
+    # with deadline_s: once no cell left fits, start the cheapest anyway, to resume at the next call
+    start_unfinished: bool = False
     bundle: Optional[Path] = None  # real and gpu tiers: pack records, report, logs and a summary here
 
 

@@ -56,6 +56,9 @@ class Deadline:
     at: float
     cell_s: Optional[float] = None
     per_cell: Mapping[str, float] = field(default_factory=dict)
+    # once no cell left fits, start the cheapest anyway (while UNFINISHED_MIN_LEFT_S are left): it
+    # stops at the deadline with a checkpoint that the next call on this machine resumes from
+    start_unfinished: bool = False
 
     def left(self) -> float:
         return self.at - time.monotonic()
@@ -79,6 +82,11 @@ class PoolOutcome:
     not_started: int = 0
     stopped: int = 0
     trained: int = 0
+
+
+# With Deadline.start_unfinished, no cell starts with less time than this left: a start-up, a
+# first validation and a checkpoint would take most of it.
+UNFINISHED_MIN_LEFT_S = 300.0
 
 
 def fill_slots(costs: Sequence[float], parallel: int, busy: Sequence[float] = ()) -> float:
@@ -334,6 +342,12 @@ class _Pool:
             while self.queue and len(self.running) < self.parallel:
                 fitting = 0 if deadline is None else next(
                     (i for i, job in enumerate(self.queue) if deadline.fits(job.cell.name)), None)
+                if fitting is None and deadline.start_unfinished and deadline.left() > UNFINISHED_MIN_LEFT_S:
+                    fitting = min(range(len(self.queue)), key=lambda i: deadline.expected_s(self.queue[i].cell.name))
+                    console.print(f"deadline: starting {self.queue[fitting].label} (~"
+                                  f"{format_duration(deadline.expected_s(self.queue[fitting].cell.name))}) with "
+                                  f"{format_duration(deadline.left())} left: it stops at the deadline with a "
+                                  "checkpoint, and the next call on this machine resumes it")
                 if fitting is None:  # time stays the same or shrinks: what does not fit now never will
                     outcome.not_started = len(self.queue)
                     cheapest = min(deadline.expected_s(job.cell.name) for job in self.queue)

@@ -11,7 +11,7 @@ import statistics
 import sys
 import tarfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -261,7 +261,7 @@ def cell_deadline(request: Request, reference: Optional[suite.SuiteCell], minute
     start = time.monotonic() if start is None else start
     cell_s = (reference.record["wall_s"] + RECORD_UNTIMED_S if reference is not None
               else (minutes * 60 if minutes else None))
-    return pool.Deadline(start + request.deadline_s, cell_s)
+    return pool.Deadline(start + request.deadline_s, cell_s, start_unfinished=request.start_unfinished)
 
 
 def run_setting(record: dict) -> tuple:
@@ -410,7 +410,7 @@ class CellCosts:
         per_cell = {c.name: s for c in self.todo if (s := self.seconds(c, parallel)) is not None}
         if not per_cell:
             return self.base
-        return pool.Deadline(self.base.at, min(per_cell.values()), per_cell)
+        return replace(self.base, cell_s=min(per_cell.values()), per_cell=per_cell)
 
     def finished(self, parallel: int, left: float) -> int:
         """Cells finished in `left` seconds at `parallel` at once, cheapest first, each slot
