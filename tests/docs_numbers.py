@@ -101,7 +101,8 @@ def agree_in_order(quoted: Sequence[Num], source: Sequence[Num]) -> bool:
 
 def in_order(quoted: Sequence[Num], source: Sequence[Num]) -> bool:
     """A doc's text cell against a rendered one: its numbers occur among the rendered cell's in
-    the same order (the doc may leave words and numbers out, not change them)."""
+    the same order (the doc may leave words and numbers out, not change them). Words are not
+    compared: "(3 diverged)" for "(0 diverged, 3 stalled)" passes; the label and the verdict are."""
     it = iter(source)
     return all(any(agrees(q, s) for s in it) for q in quoted)
 

@@ -109,9 +109,10 @@ def main(argv: Sequence[str]) -> int:
                         "records, else the preset's minutes per cell), and stop the cells still running "
                         "at the deadline (interrupted: the same command resumes them)")
     p.add_argument("--start-unfinished", action="store_true",
-                   help="with --deadline, on a machine that keeps its run folders between calls: once no "
-                        "cell left can finish in time, start the cheapest anyway; it stops at the deadline "
-                        "with a checkpoint, and the next call resumes it, expecting only its updates left")
+                   help="one target's real or gpu tier, with --deadline, on a machine that keeps its run "
+                        "folders between calls: once no cell left can finish in time, the cheapest cells "
+                        "left take the free slots anyway; they stop at the deadline with a checkpoint, and "
+                        "the next call resumes them, expecting only their updates left")
     p.add_argument("--bundle", type=Path, default=None, metavar="FILE.tgz",
                    help="real and gpu tiers: afterwards, pack the suite's records, report and plots, "
                         "each cell's log and a summary (cells trained, not started, stopped) into one "

@@ -56,8 +56,9 @@ class Deadline:
     at: float
     cell_s: Optional[float] = None
     per_cell: Mapping[str, float] = field(default_factory=dict)
-    # once no cell left fits, start the cheapest anyway (while UNFINISHED_MIN_LEFT_S are left): it
-    # stops at the deadline with a checkpoint that the next call on this machine resumes from
+    # once no cell left fits, the cheapest cells left take the free slots anyway (while
+    # UNFINISHED_MIN_LEFT_S are left): they stop at the deadline with a checkpoint that the next
+    # call on this machine resumes from
     start_unfinished: bool = False
 
     def left(self) -> float:

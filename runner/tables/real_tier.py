@@ -167,6 +167,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
     if request.bundle is not None:
         written = write_bundle(request.bundle, path.parent, work, probed is not None, {
             "target": target.name, "tier": tier, "parallel": parallel, "deadline_s": request.deadline_s,
+            "start_unfinished": request.start_unfinished,
             "expected_cell_s": deadline.cell_s if deadline else None, "wall_s": time.monotonic() - start,
             "cells": len(cells), "with_record": sum(c.record is not None for c in cells),
             "probe": [asdict(r) for r in rounds],
@@ -326,7 +327,7 @@ def updates_left(run_dir: Path, max_updates: int) -> float:
     except (OSError, ValueError):
         return 1.0
     done = marker.get("resume_update") if isinstance(marker, dict) and marker.get("checkpoint") else None
-    if not isinstance(done, int) or max_updates <= 0 or not (run_dir / LAST).is_file():
+    if not isinstance(done, int) or isinstance(done, bool) or max_updates <= 0 or not (run_dir / LAST).is_file():
         return 1.0
     return min(1.0, max(0.0, 1.0 - done / max_updates))
 

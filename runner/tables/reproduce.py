@@ -83,9 +83,9 @@ def run(request: Request, compose: Optional[Callable[[list[str]], Config]] = Non
         if request.scale not in (None, "real"):
             print("deepinit reproduce all: only --scale real (every real-tier suite)", file=sys.stderr)
             return 2
-        if request.probe or request.bundle is not None:
-            print("deepinit reproduce all: --parallel auto and --bundle work on one target's suite; "
-                  "give all a number of cells at once", file=sys.stderr)
+        if request.probe or request.bundle is not None or request.start_unfinished:
+            print("deepinit reproduce all: --parallel auto, --bundle and --start-unfinished work on one "
+                  "target's suite; give all a number of cells at once", file=sys.stderr)
             return 2
         return run_all_real(request, compose)
     t0 = time.perf_counter()
@@ -98,7 +98,7 @@ def run(request: Request, compose: Optional[Callable[[list[str]], Config]] = Non
         return 2
     if scale in SUITE_TIERS:
         return run_real(target, request, scale, compose)
-    if request.probe or request.deadline_s is not None or request.bundle is not None:
+    if request.probe or request.deadline_s is not None or request.bundle is not None or request.start_unfinished:
         print(f"deepinit reproduce: --parallel auto, --deadline and --bundle are for the real and gpu "
               f"tiers; {target.name} at --scale {scale} takes --parallel N", file=sys.stderr)
         return 2

@@ -591,37 +591,40 @@ def test_a_deadline_starts_no_cell_that_would_end_after_it_and_stops_the_running
     assert not records.by_key
 
 
-def test_start_unfinished_starts_the_cheapest_cell_that_cannot_finish_and_stops_it_at_the_deadline(tmp_path):
-    """With start_unfinished, a pool whose cells all outlast the time left starts the cheapest
-    instead of none; at the deadline it stops it with a checkpoint (interrupted.json names it,
-    and the next call's estimate reads it: updates_left), and starts nothing once less than
-    UNFINISHED_MIN_LEFT_S are left."""
+def test_start_unfinished_fills_the_free_slots_with_the_cheapest_cells_and_stops_them_at_the_deadline(tmp_path):
+    """With start_unfinished, a pool whose cells all outlast the time left gives its free slots to
+    the cheapest cells instead of starting none; at the deadline it stops them with a checkpoint
+    (interrupted.json names it, and the next call's estimate reads it: updates_left), and it
+    starts nothing once less than UNFINISHED_MIN_LEFT_S are left."""
     import time
 
     from runner.tables.pool import UNFINISHED_MIN_LEFT_S, Deadline
     from runner.tables.real_tier import updates_left
     from runner.tables.records import Records
 
-    cells = suite.plan("reproduce_table2_real", [*SHRINK, "trainer.max_updates=100000"])[:2]
+    cells = suite.plan("reproduce_table2_real", [*SHRINK, "trainer.max_updates=100000"])[:3]
     records = Records.load(tmp_path / "records")
     jobs = [Job(c, tmp_path / "work", records) for c in cells]
-    run_dir = tmp_path / "work" / cells[1].name
+    started = [tmp_path / "work" / c.name for c in cells[1:]]
 
     class OnceTraining(Deadline):
-        """Falls once the started cell has logged an update (as in the test above)."""
+        """Falls once both started cells have logged an update (as in the test above)."""
 
         def left(self) -> float:
-            metrics = run_dir / "metrics.jsonl"
-            return -1.0 if metrics.is_file() and metrics.stat().st_size else 3600.0
+            logged = all((d / "metrics.jsonl").is_file() and (d / "metrics.jsonl").stat().st_size
+                         for d in started)
+            return -1.0 if logged else 3600.0
 
-    costs = {cells[0].name: 7200.0, cells[1].name: 5400.0}  # neither fits in the hour left
-    out = run_jobs(jobs, parallel=1, compose=compose,
+    # none fits in the hour left; the queue holds the dearest first
+    costs = {cells[0].name: 9000.0, cells[1].name: 5400.0, cells[2].name: 7200.0}
+    out = run_jobs(jobs, parallel=2, compose=compose,
                    deadline=OnceTraining(time.monotonic() + 3600, 5400.0, costs, start_unfinished=True))
-    assert (out.stopped, out.not_started, out.trained, out.crashed) == (1, 1, 0, 0)
-    marker = json.loads((run_dir / "interrupted.json").read_text())
-    assert marker["checkpoint"] is True and 0 < marker["resume_update"] < 100000
-    assert 0 < 1 - updates_left(run_dir, 100000) < 0.01
-    assert not (tmp_path / "work" / cells[0].name).exists()  # the dearer cell: never started
+    assert (out.stopped, out.not_started, out.trained, out.crashed) == (2, 1, 0, 0)
+    for run_dir in started:
+        marker = json.loads((run_dir / "interrupted.json").read_text())
+        assert marker["checkpoint"] is True and 0 < marker["resume_update"] < 100000
+        assert 0 < 1 - updates_left(run_dir, 100000) < 0.01
+    assert not (tmp_path / "work" / cells[0].name).exists()  # the dearest cell: never started
     # too little time left for a start: none, even with the flag
     short = Deadline(time.monotonic() + UNFINISHED_MIN_LEFT_S - 10, 5400.0, costs, start_unfinished=True)
     assert run_jobs(jobs[:1], parallel=1, compose=compose, deadline=short).not_started == 1
@@ -680,6 +683,8 @@ def test_parallel_auto_probes_1_and_2_at_once_and_takes_the_faster(tmp_path, mon
     assert cut["probe"] == [] and cut["parallel"] == 1 and cut["not_started"] == 1
     assert reproduce_main(["table2", "--scale", "real", "--deadline", "0"]) == 2
     assert reproduce_main(["table2", "--scale", "real", "--start-unfinished"]) == 2  # needs --deadline
+    assert reproduce_main(["all", "--deadline", "60", "--start-unfinished"]) == 2  # one target's suite
+    assert reproduce_main(["table2", "--scale", "cpu", "--deadline", "60", "--start-unfinished"]) == 2
     assert reproduce_main(["table2", "--scale", "cpu", "--deadline", "60"]) == 2  # the sweep tiers have none
     assert reproduce_main(["all", "--parallel", "auto"]) == 2  # the probe is one suite's
     with pytest.raises(SystemExit) as exit_:  # argparse: one line, status 2
