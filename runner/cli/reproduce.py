@@ -92,7 +92,8 @@ def main(argv: Sequence[str]) -> int:
                         "most cells per hour (with --deadline: the most cells finished by then; no "
                         "probe where the records say no cell would fit after it)")
     p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
-                   help="parent of the sweep folder <target>-<scale> (default outputs/reproduce)")
+                   help="parent of the sweep folder <target>-<scale> (default outputs/reproduce); with "
+                        "status, where it finds the cells started and not finished")
     p.add_argument("--suites", nargs="+", metavar="SUITE", choices=REAL_SUITE_ORDER,
                    help="with 'all': only these real-tier suites, in this order (default: every one, "
                         f"in the order {', '.join(REAL_SUITE_ORDER)})")

@@ -332,6 +332,14 @@ def updates_left(run_dir: Path, max_updates: int) -> float:
     return min(1.0, max(0.0, 1.0 - done / max_updates))
 
 
+def resumed_seconds(whole: float, share_left: float) -> float:
+    """A cell's expected seconds when `share_left` of its updates remain (updates_left): that share
+    of its time past RECORD_UNTIMED_S, which start-up and the final decoding take in full."""
+    if share_left >= 1.0:
+        return whole
+    return min(whole, RECORD_UNTIMED_S + (whole - RECORD_UNTIMED_S) * max(0.0, share_left))
+
+
 class CellCosts:
     """Each cell's expected seconds under a deadline, with `parallel` cells sharing the machine.
 
@@ -367,10 +375,7 @@ class CellCosts:
         of its updates left of the time past RECORD_UNTIMED_S (start-up and the final decoding
         are paid in full)."""
         whole = self.whole_seconds(cell, parallel)
-        share = self.share_left(cell)
-        if whole is None or share >= 1.0:
-            return whole
-        return min(whole, RECORD_UNTIMED_S + (whole - RECORD_UNTIMED_S) * max(0.0, share))
+        return None if whole is None else resumed_seconds(whole, self.share_left(cell))
 
     def whole_seconds(self, cell: suite.SuiteCell, parallel: int) -> Optional[float]:
         """The seconds of the cell's whole budget at `parallel` at once."""
@@ -531,25 +536,37 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
     return 1 if crashed else 0
 
 
-def real_tier_status(parallel: int) -> list[dict]:
+def real_tier_status(parallel: int, out: Optional[Path] = None,
+                     compose: Optional[Callable[[list[str]], Config]] = None) -> list[dict]:
     """Per target with a real tier (and, as "<target> (gpu)", per gpu tier): planned cells,
     records by status, verdicts by kind, and the estimated wall time of the cells without a
     record (`parallel` at a time on CPU, one at a time on a GPU; each cell's time from the
     suite's records on that kind of device, else the preset's minutes per cell:
-    RealSuite.estimates)."""
+    RealSuite.estimates). With `out` (the suites' --out) and `compose`: "started", the cells
+    without a record whose run folder there holds a checkpoint to resume from, each of which
+    counts in the time left for its updates left only (updates_left)."""
     rows = []
     tiers = [(t, tier) for tier in SUITE_TIERS for t in TARGETS.values() if tier in t.parts]
     for target, tier in tiers:
         real = real_suite(target, tier=tier)
         cells = real.cells
-        known = [e.seconds for e in real.estimates("cuda" if tier == "gpu" else "cpu") if e is not None]
+        started: dict[str, float] = {}  # cell name -> share of its updates left
+        if out is not None and compose is not None:
+            work = sweep_dir_for(out.resolve(), target.name, tier)
+            for cell in real.todo:
+                if (work / cell.name / INTERRUPTED_FILE).is_file():
+                    share = updates_left(work / cell.name, compose(cell.overrides).trainer.max_updates)
+                    if share < 1.0:
+                        started[cell.name] = share
+        known = [resumed_seconds(e.seconds, started.get(c.name, 1.0))
+                 for c, e in zip(real.todo, real.estimates("cuda" if tier == "gpu" else "cpu")) if e is not None]
         done = [c.record for c in cells if c.record is not None]
         decoded = suite.suite_decodes(cells)
         verdict_counts: dict[str, int] = {}
         for verdict in suite.verdicts(real.part.preset, cells):
             verdict_counts[verdict.verdict] = verdict_counts.get(verdict.verdict, 0) + 1
         rows.append({"target": target.name + (" (gpu)" if tier == "gpu" else ""), "tier": tier,
-                     "cells": len(cells), "records": len(done),
+                     "cells": len(cells), "records": len(done), "started": len(started),
                      # the rule book's outcomes ("ok": trained)
                      **{status: sum(suite.cell_outcome(r, decoded) == status for r in done)
                         for status in (OK, *NOT_TRAINED)},
@@ -559,14 +576,16 @@ def real_tier_status(parallel: int) -> list[dict]:
     return rows
 
 
-def print_status(parallel: int) -> int:
-    """`deepinit reproduce status`: how far every real-tier suite has got, from results/ alone."""
+def print_status(parallel: int, out: Optional[Path] = None,
+                 compose: Optional[Callable[[list[str]], Config]] = None) -> int:
+    """`deepinit reproduce status`: how far every real-tier suite has got, from results/, and
+    from the run folders under `out` for the cells started and not finished (real_tier_status)."""
     from rich import box  # noqa: PLC0415 (only this view draws a table)
     from rich.table import Table  # noqa: PLC0415 (see above)
 
     from runner.console import console  # noqa: PLC0415 (see above)
 
-    rows = real_tier_status(parallel)
+    rows = real_tier_status(parallel, out, compose)
     table = Table(title=f"real-data suites: records in {results_root()}", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col in ("target", "cells", "not trained", "claims", "left"):
@@ -581,11 +600,14 @@ def print_status(parallel: int) -> int:
                      "-" if r["remaining_s"] is None else f"~{format_duration(r['remaining_s'])}")
         failed = " ".join(f"{r[k]}{letter}" for k, letter in (("diverged", "d"), ("collapsed", "c"),
                                                                  ("stalled", "s"), ("below_bar", "b")) if r[k])
-        table.add_row(r["target"], f"{r['records']}/{r['cells']}", failed or "0", verdicts, remaining)
+        cells = f"{r['records']}/{r['cells']}" + (f"+{r['started']}" if r["started"] else "")
+        table.add_row(r["target"], cells, failed or "0", verdicts, remaining)
     total_left = sum(r["remaining_s"] or 0 for r in rows if r["tier"] == "real")
     gpu_left = sum(r["remaining_s"] or 0 for r in rows if r["tier"] == "gpu")
     console.print(table)
-    console.print(f"cells: with a record / planned (a crashed cell gets no record and runs again); "
+    started = (f", +N: N more started, stopped with a checkpoint in {out} that the next call resumes from "
+               "(left counts their updates left)") if any(r["started"] for r in rows) else ""
+    console.print(f"cells: with a record / planned{started} (a crashed cell gets no record and runs again); "
                   f"not trained: the cells that did not train, by the rule book (d diverged, c collapsed, "
                   f"s stalled, b below the BLEU bar); claims: verdicts so far; left: "
                   f"estimated wall time of the cells without a record, {parallel} at a time (each cell's "

@@ -58,7 +58,7 @@ def run(request: Request, compose: Optional[Callable[[list[str]], Config]] = Non
               "suites' records (trains nothing)")
         return 0
     if request.target == "status":
-        return print_status(request.parallel or os.cpu_count() or 1)
+        return print_status(request.parallel or os.cpu_count() or 1, request.out, compose)
     if request.suites and request.target != "all":
         print(f"deepinit reproduce {request.target}: --suites chooses the suites of 'all'; leave it out or "
               "run 'deepinit reproduce all --suites ...'", file=sys.stderr)

@@ -16,7 +16,7 @@ import yaml
 from runner.cli.reproduce import main as reproduce_main
 from runner.run.build import check_config
 from runner.sweep.plan import canonical, load_preset, plan_cells
-from runner.tables.plan import Outcome, collect, estimate_cell_s, gpu_visible
+from runner.tables.plan import RECORD_UNTIMED_S, Outcome, collect, estimate_cell_s, gpu_visible, real_suite
 from runner.tables.pool import estimate_wall_s
 from runner.tables.real_tier import real_tier_status
 from runner.tables.render import render_lipschitz, render_table2, render_tfixup_depth, write_outputs
@@ -555,6 +555,24 @@ def test_status_counts_records_claims_and_time_left(tmp_path, monkeypatch, capsy
     assert reproduce_main(["status", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
     assert "2/35" in out and "0/90" in out and "~6.5 h" in out and "…" not in out
+    # a cell stopped at update 1,000 of its 2,000 with a checkpoint in --out's run folders: started,
+    # and its time left is half its time past RECORD_UNTIMED_S
+    real = real_suite(TARGETS["table2"])
+    run_dir = tmp_path / "out" / "table2-real" / real.todo[0].name
+    run_dir.mkdir(parents=True)
+    (run_dir / "interrupted.json").write_text(json.dumps({"checkpoint": True, "resume_update": 1000}))
+    (run_dir / "checkpoint_last.pt").write_bytes(b"")
+    assert compose(real.todo[0].overrides).trainer.max_updates == 2000
+    table2 = {r["target"]: r for r in real_tier_status(2, tmp_path / "out", compose)}["table2"]
+    assert table2["started"] == 1
+    assert table2["remaining_s"] == pytest.approx(16 * 32 * 60 + RECORD_UNTIMED_S + (32 * 60 - RECORD_UNTIMED_S) / 2)
+    assert rows["table2"]["started"] == 0  # without --out's folders: none
+    assert reproduce_main(["status", "--parallel", "2", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out  # a column of its own, still on the narrow terminal
+    words = " ".join(out.split())  # the legend wraps at the terminal's width
+    assert "+N: N more started, stopped with a checkpoint in" in words and "…" not in out
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["table2"])
+    assert row.split()[1] == "2/35+1", row
 
 
 def test_time_left_comes_from_the_records_of_a_cells_arm_else_its_model_shape(tmp_path, monkeypatch, capsys):
