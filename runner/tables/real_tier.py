@@ -114,15 +114,12 @@ def run_real(target: Target, request: Request, tier: str = "real",
             layers[cell.name] = model_layers(compose(cell.overrides))
         return layers[cell.name]
 
-    budgets: dict[str, int] = {}  # each resuming cell's max_updates, composed once
+    shares: dict[str, float] = {}  # each cell's share of its updates left, read once
 
     def share_left(cell: suite.SuiteCell) -> float:
-        run_dir = work / cell.name
-        if not (run_dir / INTERRUPTED_FILE).is_file():
-            return 1.0
-        if cell.name not in budgets:
-            budgets[cell.name] = compose(cell.overrides).trainer.max_updates
-        return updates_left(run_dir, budgets[cell.name])
+        if cell.name not in shares:
+            shares[cell.name] = cell_updates_left(work / cell.name, cell, compose)
+        return shares[cell.name]
 
     probed = None
     # the counts at once the records have timed (alone among them): what a probe would measure
@@ -330,6 +327,13 @@ def updates_left(run_dir: Path, max_updates: int) -> float:
     if not isinstance(done, int) or isinstance(done, bool) or max_updates <= 0 or not (run_dir / LAST).is_file():
         return 1.0
     return min(1.0, max(0.0, 1.0 - done / max_updates))
+
+
+def cell_updates_left(run_dir: Path, cell: suite.SuiteCell, compose: Callable[[list[str]], Config]) -> float:
+    """updates_left of a cell's run folder, its max_updates composed only where a stop left a marker."""
+    if not (run_dir / INTERRUPTED_FILE).is_file():
+        return 1.0
+    return updates_left(run_dir, compose(cell.overrides).trainer.max_updates)
 
 
 def resumed_seconds(whole: float, share_left: float) -> float:
@@ -554,10 +558,8 @@ def real_tier_status(parallel: int, out: Optional[Path] = None,
         if out is not None and compose is not None:
             work = sweep_dir_for(out.resolve(), target.name, tier)
             for cell in real.todo:
-                if (work / cell.name / INTERRUPTED_FILE).is_file():
-                    share = updates_left(work / cell.name, compose(cell.overrides).trainer.max_updates)
-                    if share < 1.0:
-                        started[cell.name] = share
+                if (share := cell_updates_left(work / cell.name, cell, compose)) < 1.0:
+                    started[cell.name] = share
         known = [resumed_seconds(e.seconds, started.get(c.name, 1.0))
                  for c, e in zip(real.todo, real.estimates("cuda" if tier == "gpu" else "cpu")) if e is not None]
         done = [c.record for c in cells if c.record is not None]
