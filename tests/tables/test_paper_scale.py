@@ -271,7 +271,9 @@ def test_gpu_tier_preset_trains_2_updates_of_its_deepest_model_on_cpu(target, pa
 
     first = suite.plan(part.preset)[0]  # the plans list the deepest setting first
     cfg = compose(first.overrides)
-    deepest = max(compose(c.overrides).model.num_encoder_layers for c in suite.plan(part.preset))
+    # one cell per arm: an arm's seeds train the same model
+    arms = {tuple(sorted(c.arm.items())): c for c in suite.plan(part.preset)}
+    deepest = max(compose(c.overrides).model.num_encoder_layers for c in arms.values())
     assert cfg.model.num_encoder_layers == cfg.model.num_decoder_layers == deepest
     run_dir = tmp_path / "run"
     proc = run_cli_here(["train", *first.overrides, "data=toy", "data.toy.train_size=64", "data.toy.valid_size=8",
