@@ -344,11 +344,12 @@ class _Pool:
                 fitting = 0 if deadline is None else next(
                     (i for i, job in enumerate(self.queue) if deadline.fits(job.cell.name)), None)
                 if fitting is None and deadline.start_unfinished and deadline.left() > UNFINISHED_MIN_LEFT_S:
-                    fitting = min(range(len(self.queue)), key=lambda i: deadline.expected_s(self.queue[i].cell.name))
+                    costs = [deadline.expected_s(job.cell.name) for job in self.queue]
+                    fitting = costs.index(min(costs))
                     console.print(f"deadline: starting {self.queue[fitting].label} (~"
-                                  f"{format_duration(deadline.expected_s(self.queue[fitting].cell.name))}) with "
-                                  f"{format_duration(deadline.left())} left: it stops at the deadline with a "
-                                  "checkpoint, and the next call on this machine resumes it")
+                                  f"{format_duration(costs[fitting])}) with {format_duration(deadline.left())} "
+                                  "left: it stops at the deadline with a checkpoint, and the next call on "
+                                  "this machine resumes it")
                 if fitting is None:  # time stays the same or shrinks: what does not fit now never will
                     outcome.not_started = len(self.queue)
                     cheapest = min(deadline.expected_s(job.cell.name) for job in self.queue)

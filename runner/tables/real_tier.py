@@ -21,7 +21,7 @@ from runner.config import Config
 from runner.console import format_duration
 from runner.files import atomic_path
 from runner.run.attempt import INTERRUPTED_FILE
-from runner.run.folder import LAST
+from runner.run.folder import LAST, read_json
 from runner.run.status import OK
 from runner.sweep.plan import norm_key
 from runner.tables import pool, suite
@@ -319,10 +319,7 @@ def updates_left(run_dir: Path, max_updates: int) -> float:
     saved a checkpoint that the start resumes from (interrupted.json's `checkpoint` and
     `resume_update`; runner/run/attempt.py), 1 for a fresh cell, and for one whose last stop left
     no such marker (a kill leaves none: the estimate then stays that of the whole cell)."""
-    try:
-        marker = json.loads((run_dir / INTERRUPTED_FILE).read_text())
-    except (OSError, ValueError):
-        return 1.0
+    marker = read_json(run_dir / INTERRUPTED_FILE)
     done = marker.get("resume_update") if isinstance(marker, dict) and marker.get("checkpoint") else None
     if not isinstance(done, int) or isinstance(done, bool) or max_updates <= 0 or not (run_dir / LAST).is_file():
         return 1.0
