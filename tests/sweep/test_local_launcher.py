@@ -117,7 +117,7 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes_the_cells(tmp_path):
     from hydra_plugins.deepinit_launcher.processes import alive, cmdline, descendants
 
     sweep = tmp_path / "sweep"
-    args = [*QUICK, "trainer.max_updates=100"]
+    args = [*QUICK, "trainer.max_updates=20"]  # frozen at their first checkpoint (update 2)
     cmd = _local_sweep(sweep, *args, "trainer.seed=1,2,3")
     driver = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -167,7 +167,7 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes_the_cells(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     results = [json.loads((d / "result.json").read_text()) for d in cells]
     assert [r["resumed"] for r in results] == [True, True, False]
-    assert all(r["updates"] == 100 for r in results)
+    assert all(r["updates"] == 20 for r in results)
     assert not any((d / "interrupted.json").exists() for d in cells)
 
 

@@ -9,13 +9,13 @@ most layers; the last such cell in plan order) trains for 2 updates on CPU at it
 
 What the 2-update runs change, and why: fp32 on CPU (fp16 needs CUDA); a 1-update warmup (a
 warmup longer than the run is rejected); validation and checkpoint_last.pt only at the end, no
-numbered checkpoints, TensorBoard or test decoding. The IWSLT'14 presets keep their batch size
-(4,096 or 4,000 tokens: the fake train split, ~400 tokens, is one batch). The WMT'14 presets
-(512-2048-8 at 18+18 and 24+24 layers) keep their update_freq but lower data.max_tokens from
-8,192 / 12,500 to WMT_MAX_TOKENS: one full-size micro-batch of those models is minutes of one CPU
-core. Depth, width, vocabulary sharing, init, norm placement and optimizer are the preset's.
-On an idle 2-core machine the file takes about 2 minutes (the 18+18 and 24+24 cells ~35-40 s
-each, a third of that writing their 1.6-2.1 GB checkpoint_last.pt, which the test then deletes).
+numbered checkpoints, TensorBoard or test decoding; each update is one micro-batch of at most
+MAX_TOKENS tokens (the presets' 4,000-25,000 tokens in 1-4 micro-batches are minutes of one CPU
+core per update for the 512-2048-8 models; the compute per token does not depend on the batch,
+and accumulation is checked in tests/bench and tests/run). Depth, width, vocabulary sharing,
+init, norm placement and optimizer are the preset's. On an idle 2-core machine the file takes
+about a minute and a half (the 18+18 and 24+24 cells ~10-15 s each, a few seconds of that
+writing their 1.6-2.1 GB checkpoint_last.pt, which the test then deletes).
 
 Also here: the Lipschitz preset against its paper's recipe, the GPU-hour estimate of the
 paper-scale targets (runner/tables/cost.py paper_gpu_hours) against a hand computation, and the
@@ -47,7 +47,7 @@ from runner.tables.sweep_tier import paper_problems
 from runner.tables.targets import TARGETS
 from tests.conftest import REPO, compose, run_cli_here  # compose: kept per overrides for the session
 
-WMT_MAX_TOKENS = 256  # tokens per micro-batch for the 512-2048-8 WMT'14 models (see above)
+MAX_TOKENS = 64  # tokens per update of the 2-update runs (see above): a few sentences
 PAPER_PARTS = [(name, part) for name, t in TARGETS.items() for part in t.parts.get("paper", ())]
 PAPER_TARGETS = sorted({name for name, _ in PAPER_PARTS})
 
@@ -124,13 +124,8 @@ def test_paper_preset_composes_and_its_largest_cell_trains_2_updates(target, par
                  "trainer.precision=fp32", "trainer.final_bleu=false", "trainer.valid_interval=0",
                  "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.log_interval=1",
                  "trainer.tensorboard=false", "trainer.progress=false", "warmup.updates=1",
-                 # one batch per update: the model's shape is what is checked here (a paper
-                 # preset's update_freq of 2-4 made this test 2-4 times slower; accumulation
-                 # is checked in tests/bench and tests/run)
-                 "trainer.update_freq=1",
+                 "trainer.update_freq=1", f"data.max_tokens={MAX_TOKENS}",
                  f"data.dir={paper_data[part.data_env]}", f"hydra.run.dir={run_dir}"]
-    if part.data_env == "DEEPINIT_WMT14_DIR":
-        overrides.append(f"data.max_tokens={WMT_MAX_TOKENS}")
     t0 = time.perf_counter()
     proc = run_cli_here(["train", *overrides], cwd=tmp_path)
     wall = time.perf_counter() - t0
@@ -266,7 +261,7 @@ GPU_PARTS = [(name, part) for name, t in TARGETS.items() for part in t.parts.get
 def test_gpu_tier_preset_trains_2_updates_of_its_deepest_model_on_cpu(target, part, tmp_path):
     """SCALE=gpu's deepest model (18+18 of 512-1024-4; 200+200 of 64-128-2) at its real size,
     through `deepinit train` on CPU: fp32 instead of bf16, the toy corpus instead of Multi30k
-    (no corpus needed), 2 updates."""
+    (no corpus needed), 2 updates of MAX_TOKENS tokens."""
     from runner.tables import suite
 
     first = suite.plan(part.preset)[0]  # the plans list the deepest setting first
@@ -280,7 +275,8 @@ def test_gpu_tier_preset_trains_2_updates_of_its_deepest_model_on_cpu(target, pa
                          "data.toy.test_size=8", "trainer.max_updates=2", "trainer.device=cpu",
                          "trainer.precision=fp32", "trainer.final_bleu=false", "trainer.valid_interval=0",
                          "trainer.save_interval=0", "trainer.keep_checkpoints=0", "trainer.log_interval=1",
-                         "warmup.updates=0", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+                         "warmup.updates=0", f"data.max_tokens={MAX_TOKENS}", f"hydra.run.dir={run_dir}"],
+                        cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["updates"] == 2 and math.isfinite(result["train_loss"])
