@@ -13,9 +13,9 @@ numbered checkpoints, TensorBoard or test decoding; each update is one micro-bat
 MAX_TOKENS tokens (the presets' 4,000-25,000 tokens in 1-4 micro-batches are minutes of one CPU
 core per update for the 512-2048-8 models; the compute per token does not depend on the batch,
 and accumulation is checked in tests/bench and tests/run). Depth, width, vocabulary sharing,
-init, norm placement and optimizer are the preset's. On an idle 2-core machine the file takes
-about a minute and a half (the 18+18 and 24+24 cells ~10-15 s each, a few seconds of that
-writing their 1.6-2.1 GB checkpoint_last.pt, which the test then deletes).
+init, norm placement and optimizer are the preset's. On a 2-core machine the file takes about a
+minute with two workers (the 18+18 and 24+24 presets ~15-25 s each with the composition of all
+their cells, ~2 s of that writing their 1.6-2.1 GB checkpoint_last.pt, which the test deletes).
 
 Also here: the Lipschitz preset against its paper's recipe, the GPU-hour estimate of the
 paper-scale targets (runner/tables/cost.py paper_gpu_hours) against a hand computation, and the
