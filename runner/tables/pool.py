@@ -88,6 +88,9 @@ class PoolOutcome:
 # With Deadline.start_unfinished, no cell starts with less time than this left: a start-up, a
 # first validation and a checkpoint would take most of it.
 UNFINISHED_MIN_LEFT_S = 300.0
+# How often the pool looks for ended cells: a cell's slot goes to the next cell within this time
+# (a waitpid per running cell, nothing more)
+POLL_S = 0.2
 
 
 def fill_slots(costs: Sequence[float], parallel: int, busy: Sequence[float] = ()) -> float:
@@ -366,7 +369,7 @@ class _Pool:
                 console.print(f"deadline: stopping {outcome.stopped} running cell(s); the same command "
                               "resumes them where they have a checkpoint")
                 stop_cells([proc for _, proc, _ in self.running], settle_s=0.0)
-            time.sleep(2.0 if deadline is None else max(0.05, min(2.0, deadline.left())))
+            time.sleep(POLL_S if deadline is None else max(0.05, min(POLL_S, deadline.left())))
             for item in list(self.running):
                 job, proc, log = item
                 if proc.poll() is None:
