@@ -106,8 +106,9 @@ def main(argv: Sequence[str]) -> int:
                         "into results/TARGET/real/last-checkpoint-bleu.jsonl and .md (trains nothing)")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="real and gpu tiers: be done this many seconds from now: start a cell only "
-                        "when it is expected to finish in time (the median wall time of the suite's "
-                        "records, else the preset's minutes per cell), and stop the cells still running "
+                        "when it is expected to finish in time (the records of its arm or model shape, else "
+                        "the suite's median record scaled by layers, else the preset's minutes per cell), "
+                        "and stop the cells still running "
                         "at the deadline (interrupted: the same command resumes them)")
     p.add_argument("--start-unfinished", action="store_true",
                    help="one target's real or gpu tier, with --deadline, on a machine that keeps its run "

@@ -13,7 +13,7 @@ import tarfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -28,6 +28,7 @@ from runner.tables import pool, suite
 from runner.tables.all_schemes import feeds_all_schemes, refresh_all_schemes
 from runner.tables.plan import (
     RECORD_UNTIMED_S,
+    CellEstimate,
     Request,
     cell_count,
     describe_estimates,
@@ -135,7 +136,8 @@ def run_real(target: Target, request: Request, tier: str = "real",
         print("probe: skipped: the records time " + "; ".join(r.line() for r in timed_counts.values()))
     elif request.probe and trains and todo:
         probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
-        alone_s = (CellCosts(deadline, reference, todo, [], None, cell_layers, share_left).seconds(probed, 1)
+        alone_s = (CellCosts(deadline, reference, todo, [], None, cell_layers, share_left,
+                             record_estimates(todo, estimates)).seconds(probed, 1)
                    if deadline is not None else None)
         if probe_leaves_time(deadline, alone_s):
             budget = deadline.left() * PROBE_BUDGET_SHARE if deadline is not None else None
@@ -147,7 +149,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
                   f"as the records were timed")
     if deadline is not None and trains and todo:
         costs = CellCosts(deadline, reference, todo, rounds or list(recorded.values()), probed, cell_layers,
-                          share_left)
+                          share_left, record_estimates(todo, estimates))
         if rounds or (request.probe and timed_counts):
             parallel = costs.parallel_for_deadline(parallel)
         deadline = costs.deadline(parallel)
@@ -247,6 +249,15 @@ def median_timed(cells: Sequence[suite.SuiteCell], device: Optional[str] = None)
 
     timed = sorted((c for c in cells if c.record and whole(c.record)), key=lambda c: c.record["wall_s"])
     return timed[len(timed) // 2] if timed else None
+
+
+def record_estimates(todo: Sequence[suite.SuiteCell],
+                     estimates: Sequence[Optional[CellEstimate]]) -> dict[str, float]:
+    """{cell name: seconds} of the cells whose estimate comes from records (their arm's, their
+    model shape's, or the same width's at another depth; RealSuite.estimates), not from the
+    preset's one figure."""
+    return {cell.name: e.seconds for cell, e in zip(todo, estimates)
+            if e is not None and e.source in ("arm", "shape", "depth")}
 
 
 def cell_deadline(request: Request, reference: Optional[suite.SuiteCell], minutes: float,
@@ -351,7 +362,10 @@ class CellCosts:
       record's `pool_slots`, the cells its pool ran at once; a record without one, or one whose
       count the probe did not try, is taken as trained alone), times the probe's slowdown at
       `parallel` (seconds per update there over alone, both read in the same window of updates;
-      1 without a probe);
+      1 without a probe). A cell whose own arm or model shape has records (`recorded`: the
+      plan's estimates, RealSuite.estimates) takes that time instead of the median record's
+      scaled by layers, with the same slowdown: cells of one depth differ by up to 6x in width's
+      suite, which layers alone cannot say;
     - without a record, the probe: its projection for the probed cell at `parallel`, its start-up
       plus the cell's updates at the steady seconds per update, plus PROBE_UNTIMED_S.
     A record wins where both exist: it timed a whole cell, where the probe's short rounds read a
@@ -362,14 +376,18 @@ class CellCosts:
     def __init__(self, deadline: pool.Deadline, reference: Optional[suite.SuiteCell],
                  todo: Sequence[suite.SuiteCell], rounds: Sequence[pool.ProbeRun],
                  probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int],
-                 share_left: Callable[[suite.SuiteCell], float] = lambda cell: 1.0):
+                 share_left: Callable[[suite.SuiteCell], float] = lambda cell: 1.0,
+                 recorded: Optional[Mapping[str, float]] = None):
         """`reference`: the record that timed the suite (median_timed, the cell `deadline`'s
         cell_s comes from; cell_deadline). `share_left`: the share of a cell's updates it still
-        has to train (below 1 for a cell that resumes from a checkpoint; updates_left)."""
+        has to train (below 1 for a cell that resumes from a checkpoint; updates_left).
+        `recorded`: {cell name: seconds} from the records of the cell's own arm or model shape
+        (record_estimates)."""
         self.base, self.reference, self.todo, self.layers = deadline, reference, list(todo), cell_layers
         self.rounds = {r.parallel: r for r in rounds}
         self.probed = probed if rounds else None
         self.share_left = share_left
+        self.recorded = dict(recorded or {})
 
     def seconds(self, cell: suite.SuiteCell, parallel: int) -> Optional[float]:
         """The cell's expected seconds at `parallel` at once; for a cell that resumes, the share
@@ -387,6 +405,8 @@ class CellCosts:
             # at the count the record ran at, its own time; otherwise brought to alone (at most
             # its time) and to `parallel` at once (at least the slowdown measured there)
             factor = 1.0 if parallel == slots else self.slowdown(parallel) / self.slowdown(slots, "lower")
+            if cell.name in self.recorded:
+                return self.recorded[cell.name] * factor
             return self.base.cell_s * factor * size / max(1, self.layers(self.reference))
         if chosen is not None and self.probed is not None:
             projected = 3600.0 * parallel / chosen.cells_per_hour + PROBE_UNTIMED_S

@@ -779,6 +779,70 @@ def test_each_cell_expects_its_own_time_from_records_and_probe_scaled_by_its_lay
         shallow[0].record = None
 
 
+def test_under_a_deadline_each_cell_expects_its_own_arms_records_not_one_time_scaled_by_layers():
+    """Width's 6+6 cells differ about 6x in cost by their width alone, which their layers cannot
+    say: under a deadline a cell expects the median record of its own arm (or model shape), the
+    time the plan prints, so a 64-wide cell that fits in the time left starts where a 256-wide
+    one does not; a cell without records of its arm, shape or width falls back to the median
+    record of the suite scaled by layers."""
+    import time
+
+    from runner.tables.plan import RECORD_UNTIMED_S, RealSuite
+    from runner.tables.pool import Deadline
+    from runner.tables.real_tier import CellCosts, median_timed, record_estimates
+    from runner.tables.targets import TARGETS
+
+    target = TARGETS["width"]
+    part = target.parts["real"][0]
+    cells = suite.plan(part.preset)
+
+    def cell(seed: int, **arm: str):
+        return next(c for c in cells if c.seed == seed and all(c.arm.get(k) == v for k, v in arm.items()))
+
+    def layers(c) -> int:
+        return 2 * int(c.arm["model.layers"])
+
+    narrow = {"method": "pre_ln", "model.dim": "64", "optim.lr": "0.001", "model.layers": "6"}
+    wide = {**narrow, "model.dim": "256"}
+    for c, wall in ((cell(1, **narrow), 1000.0), (cell(1, **wide), 6000.0)):
+        c.record = {"status": "ok", "wall_s": wall, "machine": {"device": "cpu"}}
+    try:
+        real = RealSuite(target, part, cells, None, 0.0)
+        todo = real.todo
+        estimates = real.estimates("cpu")
+        recorded = record_estimates(todo, estimates)
+        reference = median_timed(cells, "cpu")  # the upper of two: the 256-wide record
+        assert reference is cell(1, **wide)
+        deadline = Deadline(at=1e9, cell_s=6000.0 + RECORD_UNTIMED_S)
+        costs = CellCosts(deadline, reference, todo, [], None, layers, recorded=recorded)
+        assert costs.seconds(cell(2, **narrow), 1) == pytest.approx(1000.0 + RECORD_UNTIMED_S)
+        assert costs.seconds(cell(2, **wide), 1) == pytest.approx(6000.0 + RECORD_UNTIMED_S)
+        # no record of its arm, shape or width (128 wide, 6+6 and 12+12): the suite's median
+        # record, scaled by layers
+        mid = {**narrow, "model.dim": "128"}
+        assert cell(2, **mid).name not in recorded
+        assert costs.seconds(cell(2, **mid), 1) == pytest.approx(6000.0 + RECORD_UNTIMED_S)
+        assert costs.seconds(cell(1, **{**mid, "model.layers": "12"}), 1) == pytest.approx(
+            2 * (6000.0 + RECORD_UNTIMED_S))
+        # a record of the 128-wide shape (at the other lr): the shape's time at 6+6, and scaled
+        # by layers at 12+12 (the same width at another depth), as the plan estimates them
+        cell(1, **{**mid, "optim.lr": "0.0005"}).record = {"status": "ok", "wall_s": 3000.0,
+                                                            "machine": {"device": "cpu"}}
+        todo = real.todo
+        by_shape = CellCosts(deadline, median_timed(cells, "cpu"), todo, [], None, layers,
+                             recorded=record_estimates(todo, real.estimates("cpu")))
+        assert by_shape.seconds(cell(2, **mid), 1) == pytest.approx(3000.0 + RECORD_UNTIMED_S)
+        assert by_shape.seconds(cell(1, **{**mid, "model.layers": "12"}), 1) == pytest.approx(
+            2 * (3000.0 + RECORD_UNTIMED_S))
+        # 30 min left: the narrow cell fits, the wide one does not
+        soon = CellCosts(Deadline(time.monotonic() + 1800, 6000.0 + RECORD_UNTIMED_S), reference, todo, [],
+                         None, layers, recorded=recorded).deadline(1)
+        assert soon.fits(cell(2, **narrow).name) and not soon.fits(cell(2, **wide).name)
+    finally:
+        for c in cells:
+            c.record = None
+
+
 def test_a_cell_that_resumes_expects_the_share_of_its_updates_left(tmp_path):
     """A cell stopped with a checkpoint (interrupted.json: checkpoint, resume_update) resumes
     there: under a deadline it expects the share of its updates left of its time past
