@@ -106,7 +106,7 @@ def main(argv: Sequence[str]) -> int:
                         "into results/TARGET/real/last-checkpoint-bleu.jsonl and .md (trains nothing)")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="real and gpu tiers: be done this many seconds from now: start a cell only "
-                        "when it is expected to finish in time (the records of its arm or model shape, else "
+                        "when it is expected to finish in time (the records of its arm, model shape or width, else "
                         "the suite's median record scaled by layers, else the preset's minutes per cell), "
                         "and stop the cells still running "
                         "at the deadline (interrupted: the same command resumes them)")

@@ -108,6 +108,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
     reference = median_timed(cells, device)
     deadline = cell_deadline(request, reference, minutes, start)
     rounds: list[pool.ProbeRun] = []
+    own_times = record_estimates(todo, estimates)  # cells whose arm, shape or width has records
     layers: dict[str, int] = {}  # each cell's layers, composed once, for the costs below
 
     def cell_layers(cell: suite.SuiteCell) -> int:
@@ -137,7 +138,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
     elif request.probe and trains and todo:
         probed = min(todo, key=cell_layers)  # the cheapest cell: the first to run under a deadline
         alone_s = (CellCosts(deadline, reference, todo, [], None, cell_layers, share_left,
-                             record_estimates(todo, estimates)).seconds(probed, 1)
+                             own_times).seconds(probed, 1)
                    if deadline is not None else None)
         if probe_leaves_time(deadline, alone_s):
             budget = deadline.left() * PROBE_BUDGET_SHARE if deadline is not None else None
@@ -149,7 +150,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
                   f"as the records were timed")
     if deadline is not None and trains and todo:
         costs = CellCosts(deadline, reference, todo, rounds or list(recorded.values()), probed, cell_layers,
-                          share_left, record_estimates(todo, estimates))
+                          share_left, own_times)
         if rounds or (request.probe and timed_counts):
             parallel = costs.parallel_for_deadline(parallel)
         deadline = costs.deadline(parallel)
