@@ -183,6 +183,26 @@ def _no_internet(monkeypatch):
     monkeypatch.setenv("DEEPINIT_DOWNLOAD_MIRROR", "http://127.0.0.1:9")
 
 
+# The signals whose handlers decide how a run stops (runner.run.train, runner.run.folder): a test
+# that leaves one changed (SIGINT ignored, say) silently changes what every later test in the
+# same worker process sees.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_left_as_found():
+    """Each test leaves the stop signals' handlers as it found them: a test that does not fails
+    (naming the signal and the handler it left), and the handlers are put back for the next."""
+    before = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+    yield
+    left = {s: h for s in _STOP_SIGNALS if (h := signal.getsignal(s)) != before[s]}
+    for s in left:
+        signal.signal(s, before[s])
+    if left:
+        pytest.fail("the test left signal handlers changed: " + ", ".join(
+            f"{signal.Signals(s).name}={h!r} (was {before[s]!r})" for s, h in left.items()))
+
+
 # ----------------------------------------------------------------------------- pytest-xdist
 # Module- and session-scoped fixtures whose tests cost far more than the fixture: their tests are
 # better spread over the workers (each worker building its own copy) than queued on one.

@@ -139,14 +139,14 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write("deepinit reproduce: --start-unfinished: expected with --deadline SECONDS (without "
                          "one every cell starts anyway)\n")
         return 2
-    attempt.raise_on_sigterm()  # `kill PID` stops the running cells like Ctrl-C does
-    try:
-        return reproduce.run(request, compose_cell)
-    except ConfigError as err:  # an override the cells cannot be composed with
-        sys.stderr.write(f"deepinit: error: {err}\n")
-        return 2
-    except KeyboardInterrupt as exc:
-        signum = attempt.signal_of(exc)
-        sys.stderr.write(f"deepinit: interrupted ({attempt.signal_name(signum)}); the running cells "
-                         "are marked interrupted and the same command resumes them\n")
-        return 128 + signum
+    with attempt.sigterm_raises():  # `kill PID` stops the running cells like Ctrl-C does
+        try:
+            return reproduce.run(request, compose_cell)
+        except ConfigError as err:  # an override the cells cannot be composed with
+            sys.stderr.write(f"deepinit: error: {err}\n")
+            return 2
+        except KeyboardInterrupt as exc:
+            signum = attempt.signal_of(exc)
+            sys.stderr.write(f"deepinit: interrupted ({attempt.signal_name(signum)}); the running cells "
+                             "are marked interrupted and the same command resumes them\n")
+            return 128 + signum

@@ -283,13 +283,17 @@ def one_repository_for_group_listing():
 
 
 def main(args: list[str]) -> int:
+    with attempt.sigterm_raises():  # SIGTERM stops a run or a sweep like Ctrl-C does
+        return _main(args)
+
+
+def _main(args: list[str]) -> int:
     register_schemas()
     sys.argv = [sys.argv[0], *with_output_dirs(args)]
     flags, _ = split_args(args)
     multirun = "-m" in flags or "--multirun" in flags
     sweep_dir = sweep_dir_of(args) if multirun else None
     started = time.time()
-    attempt.raise_on_sigterm()  # SIGTERM stops a run or a sweep like Ctrl-C does
     # Hydra prints its errors itself, several lines each (a traceback for some), unless
     # HYDRA_FULL_ERROR is set: then they reach this function, which words them in one line. A
     # user who set HYDRA_FULL_ERROR=1 gets Hydra's full traceback, as Hydra documents.

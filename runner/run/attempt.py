@@ -15,10 +15,11 @@ interrupted.json and a failed result.json (`begin_attempt`), so a rerun cell rea
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from runner.files import atomic_write_text
 from runner.run import folder
@@ -38,12 +39,19 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-def raise_on_sigterm() -> None:
-    """In the process that calls it (the `deepinit` driver, a `python -m runner.run` run), SIGTERM
-    raises `Interrupted`."""
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within it (a command's main: the `deepinit` driver, a `python -m runner.run` run), SIGTERM
+    raises `Interrupted`; the handler found before is put back on leaving, so that a command run
+    as a function (a test, a notebook) leaves its process as it was."""
     def handler(signum, frame):
         raise Interrupted(signum)
-    signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler set outside Python, which cannot be put back
+            signal.signal(signal.SIGTERM, previous)
 
 
 def signal_of(exc: BaseException) -> int:

@@ -52,29 +52,29 @@ def main(argv: Sequence[str]) -> int:
     if not (run_dir / ".hydra" / "config.yaml").is_file():
         sys.stderr.write(f"deepinit: error: {run_dir / '.hydra' / 'config.yaml'}: no such file; {USAGE}\n")
         return 2
-    attempt.raise_on_sigterm()  # SIGTERM stops the run like Ctrl-C does
-    log_to(run_dir)
-    attempt.begin_attempt(run_dir)  # a rerun reads as running, not as its last failure
-    resume = True
-    try:
-        cfg = config_from_yaml(run_dir / ".hydra" / "config.yaml", options_class, norm_options_class)
-        resume = cfg.trainer.resume
-        train(cfg, run_dir)
-    except (ConfigError, CorpusError) as err:
-        file_log.error("config error: %s", err)
-        sys.stderr.write(f"deepinit: error: {err}\n")
-        return 2
-    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (attempt.Interrupted, loop.Stopped)
-        signum = attempt.signal_of(exc)
-        name = attempt.signal_name(signum)
-        attempt.mark_interrupted(run_dir, name)
-        sys.stderr.write(f"deepinit: interrupted ({name}); {attempt.resume_note(run_dir, resume)}\n")
-        return 128 + signum
-    except Exception as exc:  # a crash: recorded as failed
-        trace = traceback.format_exc()
-        file_log.error("run failed:\n%s", trace)
-        attempt.record_failure(run_dir, f"{type(exc).__name__}: {exc}", trace)
-        sys.stderr.write(f"deepinit: run failed: {type(exc).__name__}: {exc} "
-                         f"(traceback in {run_dir / attempt.ERROR_FILE})\n")
-        return 1
-    return 0
+    with attempt.sigterm_raises():  # SIGTERM stops the run like Ctrl-C does
+        log_to(run_dir)
+        attempt.begin_attempt(run_dir)  # a rerun reads as running, not as its last failure
+        resume = True
+        try:
+            cfg = config_from_yaml(run_dir / ".hydra" / "config.yaml", options_class, norm_options_class)
+            resume = cfg.trainer.resume
+            train(cfg, run_dir)
+        except (ConfigError, CorpusError) as err:
+            file_log.error("config error: %s", err)
+            sys.stderr.write(f"deepinit: error: {err}\n")
+            return 2
+        except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (attempt.Interrupted, loop.Stopped)
+            signum = attempt.signal_of(exc)
+            name = attempt.signal_name(signum)
+            attempt.mark_interrupted(run_dir, name)
+            sys.stderr.write(f"deepinit: interrupted ({name}); {attempt.resume_note(run_dir, resume)}\n")
+            return 128 + signum
+        except Exception as exc:  # a crash: recorded as failed
+            trace = traceback.format_exc()
+            file_log.error("run failed:\n%s", trace)
+            attempt.record_failure(run_dir, f"{type(exc).__name__}: {exc}", trace)
+            sys.stderr.write(f"deepinit: run failed: {type(exc).__name__}: {exc} "
+                             f"(traceback in {run_dir / attempt.ERROR_FILE})\n")
+            return 1
+        return 0

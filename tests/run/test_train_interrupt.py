@@ -167,15 +167,24 @@ def test_a_stop_reaches_every_ddp_rank_and_the_run_resumes_exactly(tmp_path):
     reference = train(cfg, tmp_path / "reference")
     run_dir = tmp_path / "stopped"
 
+    trained = threading.Event()
+
     def interrupt_when_training():
         deadline = time.time() + 120
-        while time.time() < deadline and len(folder.read_metrics(run_dir)) < 2:
+        while (not trained.is_set() and time.time() < deadline
+               and len(folder.read_metrics(run_dir)) < 2):
             time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGINT)
+        if not trained.is_set():  # never into a later test of this process
+            os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt_when_training, daemon=True).start()
-    with pytest.raises(Stopped) as stopped:
-        train(cfg, run_dir)
+    watcher = threading.Thread(target=interrupt_when_training, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(Stopped) as stopped:
+            train(cfg, run_dir)
+    finally:
+        trained.set()
+        watcher.join()
     step = stopped.value.saved_step
     assert step is not None and step % 5 == 0 and 10 <= step < 60
     assert folder.checkpoint_step(run_dir / folder.LAST) == step
