@@ -183,24 +183,35 @@ def _no_internet(monkeypatch):
     monkeypatch.setenv("DEEPINIT_DOWNLOAD_MIRROR", "http://127.0.0.1:9")
 
 
-# The signals whose handlers decide how a run stops (runner.run.train, runner.run.folder): a test
-# that leaves one changed (SIGINT ignored, say) silently changes what every later test in the
-# same worker process sees.
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The signals whose handlers decide how a run stops (runner.run.train, runner.run.folder), and
+# the handlers Python starts with when the shell does not ignore them. A test that leaves one
+# changed (SIGINT ignored, say) silently changes what every later test in the same worker sees.
+_STOP_SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+_tests_started = [0]
 
 
 @pytest.fixture(autouse=True)
 def _signal_handlers_left_as_found():
-    """Each test leaves the stop signals' handlers as it found them: a test that does not fails
-    (naming the signal and the handler it left), and the handlers are put back for the next."""
-    before = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+    """Each test starts with Python's own handlers for the stop signals (whatever the shell that
+    started pytest ignored) and must leave them so: a test that does not fails, naming the signal
+    and the handler it left. A change made outside any test's own scope (a module fixture) is
+    undone before the next test, with a warning that names it."""
+    found = {s: h for s, start in _STOP_SIGNALS.items() if (h := signal.getsignal(s)) != start}
+    for s in found:
+        signal.signal(s, _STOP_SIGNALS[s])
+    if found and _tests_started[0]:
+        import warnings
+
+        warnings.warn("a stop signal's handler was changed between tests and is put back: " + ", ".join(
+            f"{signal.Signals(s).name}={h!r}" for s, h in found.items()))
+    _tests_started[0] += 1
     yield
-    left = {s: h for s in _STOP_SIGNALS if (h := signal.getsignal(s)) != before[s]}
+    left = {s: h for s, start in _STOP_SIGNALS.items() if (h := signal.getsignal(s)) != start}
     for s in left:
-        signal.signal(s, before[s])
+        signal.signal(s, _STOP_SIGNALS[s])
     if left:
         pytest.fail("the test left signal handlers changed: " + ", ".join(
-            f"{signal.Signals(s).name}={h!r} (was {before[s]!r})" for s, h in left.items()))
+            f"{signal.Signals(s).name}={h!r} (expected {_STOP_SIGNALS[s]!r})" for s, h in left.items()))
 
 
 # ----------------------------------------------------------------------------- pytest-xdist
