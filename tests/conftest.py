@@ -187,29 +187,32 @@ def _no_internet(monkeypatch):
 # the handlers Python starts with when the shell does not ignore them. A test that leaves one
 # changed (SIGINT ignored, say) silently changes what every later test in the same worker sees.
 _STOP_SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-_tests_started = [0]
+
+
+def _reset_stop_signals() -> dict:
+    """Put Python's own handlers of the stop signals back; {signal: handler found} of those that
+    differed."""
+    changed = {s: h for s, start in _STOP_SIGNALS.items() if (h := signal.getsignal(s)) != start}
+    for s in changed:
+        signal.signal(s, _STOP_SIGNALS[s])
+    return changed
+
+
+_reset_stop_signals()  # a shell without job control starts pytest with SIGINT ignored
 
 
 @pytest.fixture(autouse=True)
 def _signal_handlers_left_as_found():
-    """Each test starts with Python's own handlers for the stop signals (whatever the shell that
-    started pytest ignored) and must leave them so: a test that does not fails, naming the signal
-    and the handler it left. A change made outside any test's own scope (a module fixture) is
-    undone before the next test, with a warning that names it."""
-    found = {s: h for s, start in _STOP_SIGNALS.items() if (h := signal.getsignal(s)) != start}
-    for s in found:
-        signal.signal(s, _STOP_SIGNALS[s])
-    if found and _tests_started[0]:
+    """Each test starts with Python's own handlers of the stop signals and must leave them so: a
+    test that does not fails, naming the signal and the handler it left. A change made outside
+    any test's own scope (a module fixture) is undone before the next test, with a warning."""
+    if found := _reset_stop_signals():
         import warnings
 
         warnings.warn("a stop signal's handler was changed between tests and is put back: " + ", ".join(
             f"{signal.Signals(s).name}={h!r}" for s, h in found.items()))
-    _tests_started[0] += 1
     yield
-    left = {s: h for s, start in _STOP_SIGNALS.items() if (h := signal.getsignal(s)) != start}
-    for s in left:
-        signal.signal(s, _STOP_SIGNALS[s])
-    if left:
+    if left := _reset_stop_signals():
         pytest.fail("the test left signal handlers changed: " + ", ".join(
             f"{signal.Signals(s).name}={h!r} (expected {_STOP_SIGNALS[s]!r})" for s, h in left.items()))
 
