@@ -142,6 +142,9 @@ def validate(cfg: Any) -> None:
             + ("is generated already tokenized" if cfg.data.name == "toy" else
                "reads fairseq's prepared text, already Moses-tokenized and BPE'd")
             + ": set data.tokenize=none, or use data=custom for raw text")
+    if model.embed_scale_learned and model.embed_scale:
+        raise ConfigError("model.embed_scale_learned=true replaces the fixed sqrt(dim) factor: set "
+                          "model.embed_scale=false")
     if model.share_embeddings == "all" and not cfg.data.joined_dictionary:
         raise ConfigError(
             "model.share_embeddings=all needs a joined dictionary: set data.joined_dictionary=true "

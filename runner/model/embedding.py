@@ -1,5 +1,5 @@
 """Token embeddings scaled by sqrt(d) plus fairseq's sinusoidal positions
-(as fairseq/models/transformer.py builds them)."""
+(as fairseq/models/transformer.py builds them), or learned positions and a learned scale."""
 from __future__ import annotations
 
 import math
@@ -29,12 +29,15 @@ class Embedder(nn.Module):
     F.normalize(self.word_embedding, dim=-1) before the lookup and the sqrt(d) scale)."""
 
     def __init__(self, tokens: nn.Embedding, max_positions: int, dropout: float, scale: bool,
-                 fixnorm: bool = False, learned_positions: bool = False):
+                 fixnorm: bool = False, learned_positions: bool = False, learned_scale: bool = False):
         super().__init__()
         self.tokens = tokens
         self.fixnorm = fixnorm
         dim = tokens.embedding_dim
-        self.scale = math.sqrt(dim) if scale else 1.0
+        if learned_scale:  # trained, from sqrt(d): DyT's LLaMA `shared_scale` (model.embed_scale_learned)
+            self.scale: nn.Parameter | float = nn.Parameter(torch.full((1,), math.sqrt(dim)))
+        else:
+            self.scale = math.sqrt(dim) if scale else 1.0
         if learned_positions:  # a trained table (nanoGPT model.py wpe); init schemes fill it
             self.position_table: nn.Embedding | None = nn.Embedding(max_positions, dim)
         else:

@@ -45,7 +45,7 @@ class DecoderOnlyLM(TransformerModel):
         tokens = nn.Embedding(vocab, cfg.dim)
         self.decoder = Stack(
             Embedder(tokens, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm,
-                     learned_positions=cfg.positions == "learned"),
+                     learned_positions=cfg.positions == "learned", learned_scale=cfg.embed_scale_learned),
             [EncoderLayer(cfg, sublayer_factory(slots), residual, slots, dual_scale(norm),
                           causal=True) for slots in per_layer],
             cfg.dim, stack_slots(norm, SIDE), norm, cfg.activation_checkpointing, per_layer)

@@ -265,12 +265,14 @@ class Seq2Seq(TransformerModel):
         else:
             tgt_embed = nn.Embedding(tgt_vocab, cfg.dim, padding_idx=pad_index)
         self.encoder = Stack(
-            Embedder(src_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm),
+            Embedder(src_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm,
+                     learned_scale=cfg.embed_scale_learned),
             [EncoderLayer(cfg, sublayer_factory(slots), residual, slots, dual_scale(norm))
              for slots in enc_slots],
             cfg.dim, stack_slots(norm, "encoder"), norm, cfg.activation_checkpointing, enc_slots)
         self.decoder = Stack(
-            Embedder(tgt_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm),
+            Embedder(tgt_embed, cfg.max_positions, cfg.dropout, cfg.embed_scale, cfg.fixnorm,
+                     learned_scale=cfg.embed_scale_learned),
             [DecoderLayer(cfg, sublayer_factory(slots), residual, slots, dual_scale(norm))
              for slots in dec_slots],
             cfg.dim, stack_slots(norm, "decoder"), norm, cfg.activation_checkpointing, dec_slots)

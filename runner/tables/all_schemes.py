@@ -84,12 +84,15 @@ LM_ALL_SCHEMES_INTRO = (
     "(results/all-schemes/real/report.md). Written from the records in results/ by `deepinit "
     "reproduce all-schemes` and after each cell of the LM tier.")
 LM_ALL_SCHEMES_SECTIONS: dict[str, tuple[TableSource, ...]] = {
-    # the planned arms: the untied DeepNorm control (method=deepnorm_untied, added later) changes
-    # the recipe's tied output, so it is no scheme of this table and no member of its Holm family
+    # the planned arms: the controls added later change the recipe (method=deepnorm_untied its tied
+    # output, method=dyt_embed_scale its embeddings' scale), so they are no schemes of this table
+    # and no members of its Holm family
     "Without warmup": (TableSource("lm", {"warmup.updates": "0", "model.layers": "24", "optim.lr": "0.001",
                                           "method": ["post_ln", "pre_ln", "deepnorm", "sigma_reparam_post_ln"]}),),
     "With 100 warmup updates": (
-        TableSource("lm", {"warmup.updates": "100", "model.layers": "24", "optim.lr": "0.001"}),),
+        TableSource("lm", {"warmup.updates": "100", "model.layers": "24", "optim.lr": "0.001",
+                           "method": ["post_ln", "pre_ln", "ln_scaling", "mix_ln", "peri_ln", "dyt",
+                                      "depth_mup"]}),),
 }
 LM_ALL_SCHEMES_BASELINE = ("lm", {"method": "pre_ln"})
 # the LM section each translation section's ranks are set beside
@@ -103,7 +106,12 @@ def all_schemes_cells(source: TableSource) -> list:
 
 
 def _sections(sections: dict[str, tuple[TableSource, ...]]) -> list[tuple[str, list[TableRows]]]:
-    return [(heading, [TableRows(source.target, all_schemes_cells(source), tuple(source.select), source.note)
+    """Each row is named by its arm less the keys its source fixes to one value (a key the source
+    lets take several values, such as a list of methods, still tells the rows apart)."""
+    def fixed(select) -> tuple[str, ...]:
+        return tuple(k for k, v in select.items() if not isinstance(v, (list, tuple)))
+
+    return [(heading, [TableRows(source.target, all_schemes_cells(source), fixed(source.select), source.note)
                        for source in sources])
             for heading, sources in sections.items()]
 

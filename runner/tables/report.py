@@ -333,9 +333,8 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
     for v in judged:
         if v.claim.added:
             reasons.setdefault(v.claim.added, []).append(v.claim.id)
-    lines += [f"† {', '.join(ids)}: {reason}" for reason, ids in reasons.items()]
-    if any(v.claim.added for v in judged):
-        lines.append("")
+    for reason, ids in reasons.items():  # one paragraph each
+        lines += [f"† {', '.join(ids)}: {reason}", ""]
     return "\n".join(lines)
 
 

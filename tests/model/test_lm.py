@@ -66,6 +66,31 @@ def test_learned_positions_are_a_parameter_and_sinusoidal_ones_are_not():
     assert learned.embedding_tables()["positions"].shape == (16, 32)
 
 
+def test_a_learned_embedding_scale_starts_at_sqrt_dim_and_trains():
+    """model.embed_scale_learned: the token embeddings times one trained scalar that starts at
+    sqrt(dim) (DyT's LLaMA `shared_scale`); at init the model equals the fixed-factor one, and the
+    scalar gets a gradient. Both factors at once is one line naming the key."""
+    from runner.config.validate import validate
+
+    learned = built(lm_config(embed_scale=False, embed_scale_learned=True))
+    fixed = built(lm_config(embed_scale=True))
+    scale = learned.state_dict()["decoder.embedder.scale"]
+    assert scale.shape == (1,) and scale.item() == pytest.approx(math.sqrt(32))
+    assert not any(k.endswith("embedder.scale") for k in fixed.state_dict())
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(learned(tokens), fixed(tokens), atol=1e-5)  # same weights: same seed
+    learned.train()
+    learned(tokens).logsumexp(-1).mean().backward()
+    grad = learned.decoder.embedder.scale.grad
+    assert grad is not None and grad.abs().item() > 0
+    both = lm_config(embed_scale=True, embed_scale_learned=True)
+    both.warmup.updates, both.data.block_size = 0, 16  # the rest of the config valid
+    with pytest.raises(ConfigError, match="model.embed_scale_learned=true .* model.embed_scale=false"):
+        validate(both)
+    both.model.embed_scale = False
+    validate(both)
+
+
 def test_greedy_sampling_follows_the_forward_pass():
     model = built(lm_config())
     prompt = torch.tensor([[1, 2, 3]])

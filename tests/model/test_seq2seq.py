@@ -296,3 +296,17 @@ def test_an_all_true_source_mask_changes_nothing_on_a_batch_without_padding(path
         torch.testing.assert_close(masked, unmasked, rtol=1e-5, atol=1e-5)
     else:
         assert torch.equal(masked, unmasked)
+
+
+def test_a_learned_embedding_scale_is_one_trained_scalar_per_stack():
+    """model.embed_scale_learned in translation: each stack's embeddings get their own scalar,
+    from sqrt(dim), and the model equals the fixed-factor one at init (method=dyt_embed_scale
+    sets it with DyT)."""
+    _, fixed, batch = model_for(["model.embed_scale=true"])
+    _, learned, _ = model_for(["model.embed_scale=false", "model.embed_scale_learned=true"])
+    scales = {k: v for k, v in learned.state_dict().items() if k.endswith("embedder.scale")}
+    assert sorted(scales) == ["decoder.embedder.scale", "encoder.embedder.scale"]
+    assert all(v.item() == pytest.approx(math.sqrt(fixed.cfg.dim)) for v in scales.values())
+    with torch.no_grad():
+        args = (batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
+        assert torch.allclose(learned.eval()(*args), fixed.eval()(*args), atol=1e-5)
