@@ -4,6 +4,7 @@ profiling. Weights are the default Xavier."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,16 +35,18 @@ def omega(n: int, output_change_scale: str) -> float:
 
 
 def residual_sublayers(model) -> dict[str, int]:
-    """n per stack: 2N for the encoder (admin-torch's docstring example); 3M for the decoder is our
-    choice, the fairseq integration's value (LiyuanLucasLiu/fairseq 33ad76ae) is unverified."""
-    return {"encoder": 2 * model.cfg.num_encoder_layers, "decoder": 3 * model.cfg.num_decoder_layers}
+    """n per stack: its residual sublayers, admin-torch's num_res_layers. 2N for an N-layer encoder
+    (admin-torch's docstring example); 3M for a decoder with cross-attention (our count; the fairseq
+    integration's value, LiyuanLucasLiu/fairseq 33ad76ae, is unverified); 2L for task=lm's
+    decoder-only stack."""
+    return dict(Counter(ref.side for ref in model.sublayers()))
 
 
 class AdminTorch(InitScheme):
     name = "admin_torch"
     options = AdminTorchOptions
     changes = ("*.omega",)
-    task_hint = ("admin-torch's n (2N encoder, 3M decoder branches) has no decoder-only count chosen yet")
+    tasks = ("translation", "lm")
     placements = ("post",)
     placement_hint = "admin_torch rescales the Post-LN shortcut"
 

@@ -8,7 +8,8 @@ from runner.init.rezero import AlphaScheme
 
 class ReZeroPostLN(AlphaScheme):
     name = "rezero_postln"
-    task_hint = ("Transformer-Clinic's rezero_postln is an encoder-decoder variant; no decoder-only form is written")
+    # the rule (one alpha per layer, 0 at init, with Post-LN) needs nothing of the encoder-decoder
+    tasks = ("translation", "lm")
     placements = ("post",)
     placement_hint = "rezero_postln is ReZero with Post-LN"
     rule = "ReZero with Post-LN (Transformer-Clinic rezero_postln), alpha per layer = 0"

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from runner import init as init_schemes
 from tests.init.init_helpers import initialized, make_cfg
 
 XAVIER = lambda fi, fo, gain=1.0: gain * math.sqrt(6.0 / (fi + fo))  # noqa: E731
@@ -145,6 +146,18 @@ def test_admin_torch_model_uses_2n_encoder_3m_decoder(scale):
         assert float(ref.module.omega.detach().mean()) == pytest.approx(f(n), rel=1e-6)
         assert ref.module.omega.requires_grad  # default init.omega=vector: trainable d-vector
     assert report["n"] == {"encoder": 10, "decoder": 12}
+
+
+def test_admin_torch_counts_2l_branches_in_a_decoder_only_lm():
+    """task=lm: one stack of L layers, each a self-attention and an FFN branch, so n = 2L
+    (admin-torch's num_res_layers); omega(2 * 6 = 12) = 2.017 in the O(logn) closed form."""
+    from tests.model.test_lm import built, lm_config
+
+    cfg = lm_config("post", layers=6, init="admin_torch")
+    init_schemes.check_requirements(cfg)
+    model = built(cfg)
+    omegas = {round(float(ref.module.omega.detach().mean()), 3) for ref in model.sublayers()}
+    assert omegas == {2.017}
 
 
 # ----- Lipschitz (Xu et al. 2020; hfxunlp/transformer utils/init/base.py init_model_params_lipschitz) -----
