@@ -94,8 +94,8 @@ def unsupported(cfg: Config) -> list[str]:
         problems.append("norm=pre with LayerNorm and its final norm only")
     if n.embedding_norm or n.layernorm_scaling or m.qk_norm != "none" or m.sigma_reparam or m.fixnorm:
         problems.append("norm.embedding_norm / layernorm_scaling / model.qk_norm / sigma_reparam / fixnorm")
-    if m.positions != "learned" or m.embed_scale or m.share_embeddings == "none":
-        problems.append("model.positions=learned, embed_scale=false and a tied output only")
+    if m.positions != "learned" or m.embed_scale or m.embed_scale_learned or m.share_embeddings == "none":
+        problems.append("model.positions=learned, embed_scale=false (fixed or learned) and a tied output only")
     if m.activation != "gelu" or m.dropout or m.attention_dropout or m.activation_dropout:
         problems.append("model.activation=gelu and no dropout only")
     if m.attention != "standard" or m.parameterization != "standard" or m.activation_checkpointing:

@@ -59,6 +59,8 @@ def unsupported(cfg: Config) -> list[str]:
         problems.append("norm.embedding_norm / norm.layernorm_scaling")
     if m.qk_norm != "none" or m.sigma_reparam or m.fixnorm or m.attention != "standard":
         problems.append("model.qk_norm / sigma_reparam / fixnorm / attention=t5")
+    if m.embed_scale_learned:
+        problems.append("model.embed_scale_learned")
     if m.parameterization != "standard" or m.activation_checkpointing:
         problems.append("model.parameterization=ntk / activation_checkpointing")
     if cfg.optim.name != "adam":

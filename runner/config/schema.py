@@ -32,8 +32,9 @@ class ModelConfig:
     # (--share-all-embeddings, needs a joined dictionary).
     share_embeddings: str = "all"
     embed_scale: bool = True  # multiply token embeddings by sqrt(dim) (fairseq's embed_scale)
-    # the token embeddings times a trained scalar that starts at sqrt(dim), in place of embed_scale's
-    # fixed factor (DyT's LLaMA: jiachenzhu/DyT other_tasks/LLaMA/fms_fsdp/models/llama.py shared_scale)
+    # the embedding layer's output (tokens plus positions) times a trained scalar that starts at
+    # sqrt(dim), in place of embed_scale's fixed factor on the tokens (DyT's LLaMA:
+    # jiachenzhu/DyT other_tasks/LLaMA/fms_fsdp/models/llama.py shared_scale)
     embed_scale_learned: bool = False
     # standard: the fairseq parameterization; ntk: unit-variance weights with outputs scaled by
     # 1/sqrt(fan_in), an option of this tool after Su 2021, kexue.fm/archives/8620,

@@ -23,7 +23,8 @@ def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
 
 
 class Embedder(nn.Module):
-    """sqrt(d) * E[token] + PE(position), then dropout. The token table may be shared.
+    """sqrt(d) * E[token] + PE(position), then dropout (with a learned scale s:
+    s * (E[token] + PE(position))). The token table may be shared.
     With `fixnorm` the rows of E are used at unit L2 length, E[t] / ||E[t]|| (FixNorm as
     Nguyen & Salazar 2019 use it: tnq177/transformers_without_tears model.py,
     F.normalize(self.word_embedding, dim=-1) before the lookup and the sqrt(d) scale)."""
@@ -34,7 +35,10 @@ class Embedder(nn.Module):
         self.tokens = tokens
         self.fixnorm = fixnorm
         dim = tokens.embedding_dim
-        if learned_scale:  # trained, from sqrt(d): DyT's LLaMA `shared_scale` (model.embed_scale_learned)
+        # model.embed_scale_learned: one trained factor from sqrt(d) on the embedding layer's output,
+        # positions included (DyT's LLaMA `shared_scale`, whose embedding layer has tokens only)
+        self.learned_scale = learned_scale
+        if learned_scale:
             self.scale: nn.Parameter | float = nn.Parameter(torch.full((1,), math.sqrt(dim)))
         else:
             self.scale = math.sqrt(dim) if scale else 1.0
@@ -48,9 +52,11 @@ class Embedder(nn.Module):
 
     def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         """tokens: (B, T); `start` is the first position (incremental decoding)."""
-        if self.fixnorm:  # normalizing the looked-up rows = looking up the normalized table
-            x = F.normalize(self.tokens(tokens), dim=-1) * self.scale
-        else:
-            x = self.tokens(tokens) * self.scale
         table = self.positions if self.position_table is None else self.position_table.weight
-        return self.dropout(x + table[start:start + tokens.shape[1]])
+        positions = table[start:start + tokens.shape[1]]
+        x = self.tokens(tokens)
+        if self.fixnorm:  # normalizing the looked-up rows = looking up the normalized table
+            x = F.normalize(x, dim=-1)
+        if self.learned_scale:
+            return self.dropout((x + positions) * self.scale)
+        return self.dropout(x * self.scale + positions)

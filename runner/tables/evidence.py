@@ -11,9 +11,9 @@ Statistics
     Mean, sample standard deviation (ddof=1) and the Student-t 95% confidence interval of the mean
     (scipy.stats.t); differences between arms are paired by seed (the same seed gives the same data
     order and the same initial draw), which removes the seed-to-seed variance both arms share, and
-    get the paired-t interval. A percentile bootstrap (Efron & Tibshirani 1993, ch. 13) is used only
-    with at least 10 values: with 3 seeds its 95% interval is exactly [min, max] and covers the mean
-    about 75% of the time. "better" is decided by a one-sided paired t-test, with Holm's correction
+    get the paired-t interval, at every number of seeds. The percentile bootstrap (Efron & Tibshirani
+    1993, ch. 13) is rule book v1's only: with 3 seeds its 95% interval is exactly [min, max] and
+    covers the mean about 75% of the time. "better" is decided by a one-sided paired t-test, with Holm's correction
     over a table's comparisons against one baseline, and reports the minimum detectable effect at
     80% power (noncentral t, scipy.stats.nct). Counts of discordant pairs use the exact two-sided
     sign test (Conover 1999, *Practical Nonparametric Statistics*, 3rd ed., sec. 3.4), which on

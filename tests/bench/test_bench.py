@@ -676,3 +676,14 @@ def test_cuda_entries_warm_up_and_time_longer_than_the_cpu_schedules():
     assert schedule("--presets", "base", "--device", "cuda") == (100, 20, 3)  # base's own 30 raised
     assert schedule("--presets", "small", "--device", "cuda", "--quick") == (2, 2, 2)
     assert schedule("--presets", "small", "--device", "cuda", "--warmup", "7", "--steps", "9") == (7, 9, 3)
+
+
+def test_the_translation_reference_refuses_a_learned_embedding_scale():
+    """The plain reference scales the token embeddings by a fixed sqrt(d) or 1: a config with
+    model.embed_scale_learned would be compared with another model, so it is named instead."""
+    from runner.bench.reference import unsupported
+    from tests.conftest import compose
+
+    assert unsupported(compose(["model=ci"])) == []
+    assert unsupported(compose(["model=ci", "model.embed_scale=false", "model.embed_scale_learned=true"])) == [
+        "model.embed_scale_learned"]

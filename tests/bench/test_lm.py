@@ -51,6 +51,8 @@ def test_reference_has_deepinits_parameter_count_and_refuses_what_it_cannot_expr
     assert unsupported(cfg) == []
     assert any("norm=pre" in p for p in unsupported(compose(["+sweep=lm_nanogpt_cpu", "norm=post"])))
     assert any("dropout" in p for p in unsupported(compose(["+sweep=lm_nanogpt_cpu", "model.dropout=0.1"])))
+    assert any("embed_scale" in p for p in unsupported(compose(["+sweep=lm_nanogpt_cpu",
+                                                                "model.embed_scale_learned=true"])))
 
 
 def test_windows_span_the_timed_updates():

@@ -66,19 +66,23 @@ def test_learned_positions_are_a_parameter_and_sinusoidal_ones_are_not():
     assert learned.embedding_tables()["positions"].shape == (16, 32)
 
 
-def test_a_learned_embedding_scale_starts_at_sqrt_dim_and_trains():
-    """model.embed_scale_learned: the token embeddings times one trained scalar that starts at
-    sqrt(dim) (DyT's LLaMA `shared_scale`); at init the model equals the fixed-factor one, and the
-    scalar gets a gradient. Both factors at once is one line naming the key."""
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_a_learned_embedding_scale_starts_at_sqrt_dim_and_trains(positions):
+    """model.embed_scale_learned: the embedding layer's output, token embedding plus position,
+    times one trained scalar that starts at sqrt(dim) (DyT's LLaMA `shared_scale`), so the ratio
+    of tokens to positions stays the unscaled model's; the scalar gets a gradient. Both factors
+    at once is one line naming the key."""
     from runner.config.validate import validate
 
-    learned = built(lm_config(embed_scale=False, embed_scale_learned=True))
-    fixed = built(lm_config(embed_scale=True))
+    learned = built(lm_config(embed_scale=False, embed_scale_learned=True, positions=positions))
+    plain = built(lm_config(embed_scale=False, positions=positions))  # the same seed: the same tables
     scale = learned.state_dict()["decoder.embedder.scale"]
     assert scale.shape == (1,) and scale.item() == pytest.approx(math.sqrt(32))
-    assert not any(k.endswith("embedder.scale") for k in fixed.state_dict())
+    assert not any(k.endswith("embedder.scale") for k in plain.state_dict())
     tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
-    assert torch.allclose(learned(tokens), fixed(tokens), atol=1e-5)  # same weights: same seed
+    with torch.no_grad():
+        expected = math.sqrt(32) * plain.decoder.embedder(tokens)  # sqrt(d) * (E[token] + P[position])
+        assert torch.allclose(learned.decoder.embedder(tokens), expected, atol=1e-5)
     learned.train()
     learned(tokens).logsumexp(-1).mean().backward()
     grad = learned.decoder.embedder.scale.grad
@@ -178,7 +182,7 @@ def test_every_scheme_and_placement_trains_the_lm_2_updates_or_refuses_in_one_li
         model = built(cfg).train()
         optimizer = build_optimizer(model.parameters(), cfg, "cpu", init_schemes.param_groups(model, cfg))
         tokens = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(2))
-        for _ in range(2):
+        for step in (1, 2):
             logits = model(tokens[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
             assert torch.isfinite(loss), (placement, loss)
@@ -187,7 +191,7 @@ def test_every_scheme_and_placement_trains_the_lm_2_updates_or_refuses_in_one_li
             optimizer.step()
             hook = init_schemes.update_hook(cfg)
             if hook is not None:
-                hook(model, 1)
+                hook(model, step)
         assert all(torch.isfinite(p).all() for p in model.parameters()), placement
         trained.append(placement)
     if not trained:

@@ -299,14 +299,16 @@ def test_an_all_true_source_mask_changes_nothing_on_a_batch_without_padding(path
 
 
 def test_a_learned_embedding_scale_is_one_trained_scalar_per_stack():
-    """model.embed_scale_learned in translation: each stack's embeddings get their own scalar,
-    from sqrt(dim), and the model equals the fixed-factor one at init (method=dyt_embed_scale
-    sets it with DyT)."""
-    _, fixed, batch = model_for(["model.embed_scale=true"])
+    """model.embed_scale_learned in translation: each stack's embedding output (tokens plus
+    sinusoidal positions) gets its own scalar, from sqrt(dim) (method=dyt_embed_scale sets it
+    with DyT)."""
+    _, plain, batch = model_for(["model.embed_scale=false"])
     _, learned, _ = model_for(["model.embed_scale=false", "model.embed_scale_learned=true"])
     scales = {k: v for k, v in learned.state_dict().items() if k.endswith("embedder.scale")}
     assert sorted(scales) == ["decoder.embedder.scale", "encoder.embedder.scale"]
-    assert all(v.item() == pytest.approx(math.sqrt(fixed.cfg.dim)) for v in scales.values())
+    root = math.sqrt(plain.cfg.dim)
+    assert all(v.item() == pytest.approx(root) for v in scales.values())
     with torch.no_grad():
-        args = (batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
-        assert torch.allclose(learned.eval()(*args), fixed.eval()(*args), atol=1e-5)
+        for side in ("encoder", "decoder"):
+            ours, theirs = getattr(learned, side).embedder.eval(), getattr(plain, side).embedder.eval()
+            assert torch.allclose(ours(batch.src_tokens), root * theirs(batch.src_tokens), atol=1e-5)

@@ -214,11 +214,18 @@ def test_the_lm_page_ranks_by_loss_and_sets_each_methods_rank_beside_translation
     assert "- ln_scaling: **undecided**. Language model: incomplete;" in ranks
 
 
-def test_the_lm_table_leaves_out_the_untied_deepnorm_control():
-    """method=deepnorm_untied changes the tier's tied output, so it is no scheme of the LM
-    all-schemes table (nor of its Holm family against Pre-LN); the planned arms are."""
-    from runner.tables.all_schemes import LM_ALL_SCHEMES_SECTIONS, all_schemes_cells
+def test_the_lm_table_leaves_out_the_added_controls_and_names_rows_by_method():
+    """method=deepnorm_untied changes the tier's tied output and method=dyt_embed_scale its
+    embeddings' scale, so neither is a scheme of the LM all-schemes table (nor of its Holm family
+    against Pre-LN); the planned arms are, each row named by its method (a section that lists its
+    methods still tells its rows apart by them)."""
+    from runner.tables.all_schemes import LM_ALL_SCHEMES_SECTIONS, all_schemes_cells, lm_all_schemes_sections
 
-    methods = {c.arm["method"] for source in LM_ALL_SCHEMES_SECTIONS["Without warmup"]
-               for c in all_schemes_cells(source)}
-    assert methods == {"post_ln", "pre_ln", "deepnorm", "sigma_reparam_post_ln"}
+    methods = {heading: {c.arm["method"] for source in sources for c in all_schemes_cells(source)}
+               for heading, sources in LM_ALL_SCHEMES_SECTIONS.items()}
+    assert methods == {"Without warmup": {"post_ln", "pre_ln", "deepnorm", "sigma_reparam_post_ln"},
+                       "With 100 warmup updates": {"post_ln", "pre_ln", "ln_scaling", "mix_ln", "peri_ln",
+                                                   "dyt", "depth_mup"}}
+    for _, parts in lm_all_schemes_sections():
+        for part in parts:
+            assert "method" not in part.drop and "model.layers" in part.drop

@@ -250,6 +250,16 @@ def test_a_claim_added_later_is_marked_with_its_reason():
     assert "† post_ln_no_warmup_fails_to_train: after seed 1" in report
 
 
+def test_claims_added_for_two_reasons_get_one_paragraph_each():
+    """The language-model tier added two control claims at two times: each reason is its own
+    paragraph under the claims table (a blank line between them)."""
+    report = render("lm", "LM", "reproduce_lm_real", suite.plan("reproduce_lm_real"))
+    notes = [block for block in report.split("\n\n") if block.startswith("† ")]
+    assert [n.split(":")[0] for n in notes] == ["† deepnorm_untied_trains_24l",
+                                                "† dyt_embed_scale_matches_layernorm"]
+    assert all("\n" not in n.strip() for n in notes)
+
+
 def test_grid_heatmap_panels_and_png(tmp_path):
     assert grid_axes("reproduce_table2_real") is None
     assert grid_axes("reproduce_grid_real") == ("optim.lr", "optim.beta2")
