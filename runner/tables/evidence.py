@@ -178,7 +178,6 @@ _signed = partial(fmt, spec="+.2f", small=0.01, small_spec="+.2e")
 _LEVEL = 0.95
 _RESAMPLES = 10000
 _SEED = 0
-_ALPHA = 0.05
 
 
 
@@ -313,9 +312,10 @@ def _bad_statuses(book: RuleBook) -> tuple[str, ...]:
     return NOT_TRAINED if book.version >= 2 else FAILED_TO_TRAIN
 
 
-def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
+def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook,
                        failed: tuple[str, ...] = ("diverged",)) -> Verdict:
-    """"more_diverged" (failed = diverged) and "more_failed" (every way of not training)."""
+    """"more_diverged" (failed = diverged) and "more_failed" (every way of not training): the exact
+    two-sided sign test over the discordant pairs at the rule book's alpha."""
     pairs, info = _pair(claim, a, b)
     wins = sum(ra.status in failed and rb.status not in failed for ra, rb in pairs)
     losses = sum(rb.status in failed and ra.status not in failed for ra, rb in pairs)
@@ -327,7 +327,7 @@ def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record],
                "a_diverged": a_div, "a_n": len(a), "b_diverged": b_div, "b_n": len(b), **info}
     if not pairs:
         verdict = "inconclusive"
-    elif wins > losses and p < _ALPHA:
+    elif wins > losses and p < book.alpha:
         verdict = "reproduced"
     elif wins <= losses:
         verdict = "not reproduced"
@@ -670,9 +670,9 @@ def judge(claim: Claim, records: Sequence[Record], book: RuleBook | int | None =
     if claim.kind == "fails_to_train":
         return _judge_fails_to_train(claim, a, book)
     if claim.kind == "more_diverged":
-        return _judge_more_failed(claim, a, b)
+        return _judge_more_failed(claim, a, b, book)
     if claim.kind == "more_failed":
-        return _judge_more_failed(claim, a, b, failed=_bad_statuses(book))
+        return _judge_more_failed(claim, a, b, book, failed=_bad_statuses(book))
     if claim.kind == "matches":
         return _judge_matches(claim, a, b, book)
     if claim.kind == "less_spread":
