@@ -255,7 +255,7 @@ def _group_of(item) -> str | None:
 
 @pytest.hookimpl(trylast=True)  # after xdist's own
 def pytest_collection_modifyitems(config, items):
-    """In a pytest-xdist worker (make test: -n auto --dist loadgroup), whose collection is the same
+    """In a pytest-xdist worker (make test: -n CORES+1 --dist loadgroup), whose collection is the same
     in all workers: the tests marked slow or slurm come first, so that no long test starts last
     while the other workers have run out of work (the groups are handed out first, largest first,
     then one test at a time in this order); and {node id: group} of the tests goes to the file the
