@@ -372,7 +372,8 @@ def change_reason(old: Verdict, new: Verdict) -> str:
             return (prefix + f"v1 read the 95% percentile bootstrap interval{interval}; "
                     f"v{CURRENT}'s one-sided paired t-test gives p={p:.3g}"
                     + (f" after Holm over {d['family_size']} comparisons" if d.get("family_size", 1) > 1 else "")
-                    + (f", and the paper's effect is below the {d['mde']:.2f} detectable at 80% power"
+                    + (f", and the paper's effect is below the {d['mde']:.2f} detectable at "
+                       f"{rulebook().power:.0%} power"
                        if new.verdict == "underpowered" else "") + ".")
         return prefix + "v2 counts collapsed cells and cells below the BLEU bar as not trained."
     if kind == "same_best":
