@@ -25,8 +25,8 @@ PYTEST_ARGS ?=
 # than there are cores: the end-to-end tests spend part of their time waiting on their child
 # processes, SLURM and the disk, which the extra worker fills (2 cores: 500-505 s against 557-559 s
 # with one worker per core, 2 alternating runs each, and 556 s with two extra; all passing).
-# JOBS=N: N processes, JOBS=1 one;
-# --dist loadgroup keeps the tests of one xdist_group (the SLURM tests: one queue) on one worker.
+# JOBS=N: N processes, JOBS=1 one; --dist loadgroup keeps the tests of one xdist_group (the SLURM
+# tests: one queue) on one worker.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); echo $$((n + 1)))
 XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 
