@@ -32,8 +32,8 @@ class ModelConfig:
     # (--share-all-embeddings, needs a joined dictionary).
     share_embeddings: str = "all"
     embed_scale: bool = True  # multiply token embeddings by sqrt(dim) (fairseq's embed_scale)
-    # the embedding layer's output (tokens plus positions) times a trained scalar that starts at
-    # sqrt(dim), in place of embed_scale's fixed factor on the tokens (DyT's LLaMA:
+    # a trained scalar that starts at sqrt(dim) in place of embed_scale's fixed factor, on the tokens
+    # and on learned positions (sinusoids are added unscaled) (DyT's LLaMA:
     # jiachenzhu/DyT other_tasks/LLaMA/fms_fsdp/models/llama.py shared_scale)
     embed_scale_learned: bool = False
     # standard: the fairseq parameterization; ntk: unit-variance weights with outputs scaled by

@@ -23,8 +23,8 @@ def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
 
 
 class Embedder(nn.Module):
-    """sqrt(d) * E[token] + PE(position), then dropout (with a learned scale s:
-    s * (E[token] + PE(position))). The token table may be shared.
+    """sqrt(d) * E[token] + PE(position), then dropout (with a learned scale s: s * E[token] + PE,
+    or s * (E[token] + P[position]) with a learned position table). The token table may be shared.
     With `fixnorm` the rows of E are used at unit L2 length, E[t] / ||E[t]|| (FixNorm as
     Nguyen & Salazar 2019 use it: tnq177/transformers_without_tears model.py,
     F.normalize(self.word_embedding, dim=-1) before the lookup and the sqrt(d) scale)."""
@@ -35,8 +35,9 @@ class Embedder(nn.Module):
         self.tokens = tokens
         self.fixnorm = fixnorm
         dim = tokens.embedding_dim
-        # model.embed_scale_learned: one trained factor from sqrt(d) on the embedding layer's output,
-        # positions included (DyT's LLaMA `shared_scale`, whose embedding layer has tokens only)
+        # model.embed_scale_learned: one trained factor from sqrt(d) (DyT's LLaMA `shared_scale`, whose
+        # embedding layer has tokens only) on the tokens and on a learned position table, which
+        # starts at the tokens' scale; fixed sinusoids are added unscaled, as with the fixed factor
         self.learned_scale = learned_scale
         if learned_scale:
             self.scale: nn.Parameter | float = nn.Parameter(torch.full((1,), math.sqrt(dim)))
@@ -57,6 +58,6 @@ class Embedder(nn.Module):
         x = self.tokens(tokens)
         if self.fixnorm:  # normalizing the looked-up rows = looking up the normalized table
             x = F.normalize(x, dim=-1)
-        if self.learned_scale:
+        if self.learned_scale and self.position_table is not None:
             return self.dropout((x + positions) * self.scale)
         return self.dropout(x * self.scale + positions)

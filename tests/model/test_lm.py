@@ -68,21 +68,27 @@ def test_learned_positions_are_a_parameter_and_sinusoidal_ones_are_not():
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
 def test_a_learned_embedding_scale_starts_at_sqrt_dim_and_trains(positions):
-    """model.embed_scale_learned: the embedding layer's output, token embedding plus position,
-    times one trained scalar that starts at sqrt(dim) (DyT's LLaMA `shared_scale`), so the ratio
-    of tokens to positions stays the unscaled model's; the scalar gets a gradient. Both factors
-    at once is one line naming the key."""
+    """model.embed_scale_learned: one trained scalar that starts at sqrt(dim) (DyT's LLaMA
+    `shared_scale`) on the token embeddings and a learned position table, which starts at their
+    scale (so the tokens' ratio to it is the unscaled model's); fixed sinusoids are added unscaled,
+    as with model.embed_scale's fixed factor. The scalar gets a gradient; both factors at once is
+    one line naming the key."""
     from runner.config.validate import validate
 
     learned = built(lm_config(embed_scale=False, embed_scale_learned=True, positions=positions))
     plain = built(lm_config(embed_scale=False, positions=positions))  # the same seed: the same tables
+    fixed = built(lm_config(embed_scale=True, positions=positions))
     scale = learned.state_dict()["decoder.embedder.scale"]
     assert scale.shape == (1,) and scale.item() == pytest.approx(math.sqrt(32))
     assert not any(k.endswith("embedder.scale") for k in plain.state_dict())
     tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        expected = math.sqrt(32) * plain.decoder.embedder(tokens)  # sqrt(d) * (E[token] + P[position])
+        if positions == "learned":  # sqrt(d) * (E[token] + P[position])
+            expected = math.sqrt(32) * plain.decoder.embedder(tokens)
+        else:  # sqrt(d) * E[token] + PE(position): the fixed factor's output
+            expected = fixed.decoder.embedder(tokens)
         assert torch.allclose(learned.decoder.embedder(tokens), expected, atol=1e-5)
+        assert not torch.allclose(plain.decoder.embedder(tokens), expected, atol=1e-3)  # a real change
     learned.train()
     learned(tokens).logsumexp(-1).mean().backward()
     grad = learned.decoder.embedder.scale.grad

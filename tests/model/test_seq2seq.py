@@ -299,16 +299,15 @@ def test_an_all_true_source_mask_changes_nothing_on_a_batch_without_padding(path
 
 
 def test_a_learned_embedding_scale_is_one_trained_scalar_per_stack():
-    """model.embed_scale_learned in translation: each stack's embedding output (tokens plus
-    sinusoidal positions) gets its own scalar, from sqrt(dim) (method=dyt_embed_scale sets it
-    with DyT)."""
-    _, plain, batch = model_for(["model.embed_scale=false"])
+    """model.embed_scale_learned in translation: each stack's token embeddings get their own trained
+    scalar, from sqrt(dim); the fixed sinusoids are added unscaled, so at init each stack's
+    embedding equals model.embed_scale's fixed-factor one (method=dyt_embed_scale sets it with DyT)."""
+    _, fixed, batch = model_for(["model.embed_scale=true"])
     _, learned, _ = model_for(["model.embed_scale=false", "model.embed_scale_learned=true"])
     scales = {k: v for k, v in learned.state_dict().items() if k.endswith("embedder.scale")}
     assert sorted(scales) == ["decoder.embedder.scale", "encoder.embedder.scale"]
-    root = math.sqrt(plain.cfg.dim)
-    assert all(v.item() == pytest.approx(root) for v in scales.values())
+    assert all(v.item() == pytest.approx(math.sqrt(fixed.cfg.dim)) for v in scales.values())
     with torch.no_grad():
         for side in ("encoder", "decoder"):
-            ours, theirs = getattr(learned, side).embedder.eval(), getattr(plain, side).embedder.eval()
-            assert torch.allclose(ours(batch.src_tokens), root * theirs(batch.src_tokens), atol=1e-5)
+            ours, theirs = getattr(learned, side).embedder.eval(), getattr(fixed, side).embedder.eval()
+            assert torch.allclose(ours(batch.src_tokens), theirs(batch.src_tokens), atol=1e-5)
