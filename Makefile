@@ -23,8 +23,9 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 # The test suite runs on every CPU core through pytest-xdist (a dev extra), with one worker more
 # than there are cores: the end-to-end tests spend part of their time waiting on their child
-# processes, SLURM and the disk, which the extra worker fills (2 cores: 500-505 s against 557-559 s
-# with one worker per core, 2 alternating runs each, and 556 s with two extra; all passing).
+# processes, SLURM and the disk, which the extra worker fills (2 cores, two niced training runs
+# beside: 500, 505 and 572 s against 544, 557 and 559 s with one worker per core, alternating;
+# 556 s with two extra; all passing: a median 9% faster, though not in every pair).
 # JOBS=N: N processes, JOBS=1 one; --dist loadgroup keeps the tests of one xdist_group (the SLURM
 # tests: one queue) on one worker.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); echo $$((n + 1)))
