@@ -38,7 +38,7 @@ class Embedder(nn.Module):
         # model.embed_scale_learned: one trained factor from sqrt(d) (DyT's LLaMA `shared_scale`, whose
         # embedding layer has tokens only) on the tokens and on a learned position table, which
         # starts at the tokens' scale; fixed sinusoids are added unscaled, as with the fixed factor
-        self.learned_scale = learned_scale
+        self.scales_positions = learned_scale and learned_positions
         if learned_scale:
             self.scale: nn.Parameter | float = nn.Parameter(torch.full((1,), math.sqrt(dim)))
         else:
@@ -58,6 +58,6 @@ class Embedder(nn.Module):
         x = self.tokens(tokens)
         if self.fixnorm:  # normalizing the looked-up rows = looking up the normalized table
             x = F.normalize(x, dim=-1)
-        if self.learned_scale and self.position_table is not None:
+        if self.scales_positions:
             return self.dropout((x + positions) * self.scale)
         return self.dropout(x * self.scale + positions)
