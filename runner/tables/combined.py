@@ -170,7 +170,7 @@ def render_combined(title: str, intro: str, sections: Sequence[tuple[str, Sequen
     base_name = " ".join(f"{k}={v}" for k, v in (baseline[1] if baseline else {}).items())
     header = ["arm", "suite", *arm_columns(last), "CPU min", *([f"vs {base_name}"] if baseline else [])]
     lines = [f"# {title}", "", intro, "",
-             f"{len(done)} of {planned} cells trained. Each arm: {MEAN_WORDS} Rows: "
+             f"{len(done)} of {planned} cells have a record. Each arm: {MEAN_WORDS} Rows: "
              f"the arms whose seeds all trained first, by mean {metric.label.split(' (')[0]}, then those "
              "with seeds that did not train, then those without a record. The claims and their "
              "verdicts are in each suite's own report (results/<suite>/real/report.md).", "",

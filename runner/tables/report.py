@@ -285,7 +285,7 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
     after_warmup = equal_updates_after_warmup(preset, cells) if stops else ""
     header = ["arm", *arm_columns(last), "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
     lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
-             f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells trained. "
+             f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells have a record. "
              f"Each arm: {MEAN_WORDS}", "",
              describe(rulebook()) + ("" if suite_decodes(cells) else
                                      " This suite scores validation loss only, so no BLEU bar applies."), "",

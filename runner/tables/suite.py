@@ -216,7 +216,7 @@ def verdicts(preset: str, cells: Sequence[SuiteCell], version: int = CURRENT) ->
     for claim, verdict in zip(claims, judged):
         done, planned = progress[claim.id]
         if done < planned:
-            what = "trained and measured on their last checkpoint" if _reads_bleu_last(claim) else "trained"
+            what = "have a record measured on their last checkpoint" if _reads_bleu_last(claim) else "have a record"
             verdict = Verdict(claim, "incomplete",
                               f"{done} of {planned} cells {what}; so far: {verdict.measured}",
                               {**verdict.details, "provisional_verdict": verdict.verdict})

@@ -111,7 +111,7 @@ def test_rows_sort_by_failed_share_then_mean_bleu_with_untrained_arms_last():
     assert rows[2].split(" | ")[2:8] == ["2/2", "0", "0", "1", "0", "40.00 (n=1)"]
     assert rows[3].split(" | ")[2:4] == ["2/2", "2"]  # two diverged seeds
     assert "- method=b (s2): uses SGD" in page and "- method=a (s1)" not in page
-    assert "7 of 9 cells trained" in page
+    assert "7 of 9 cells have a record" in page
 
 
 def test_each_row_is_compared_with_the_baseline_paired_by_seed_with_holm():

@@ -33,7 +33,7 @@ def test_a_partial_suite_reads_incomplete():
             cell.record = record
     by_id = {v.claim.id: v for v in suite.verdicts("reproduce_table2_real", cells)}
     assert by_id["post_ln_deep_fails_with_warmup"].verdict == "incomplete"
-    assert by_id["post_ln_deep_fails_with_warmup"].measured.startswith("1 of 3 cells trained; so far:")
+    assert by_id["post_ln_deep_fails_with_warmup"].measured.startswith("1 of 3 cells have a record; so far:")
     assert by_id["pre_ln_no_warmup_trains"].verdict == "incomplete"  # 0 of 3
 
 
@@ -98,7 +98,7 @@ def test_a_claim_on_every_cell_reads_incomplete_until_every_cell_has_a_record(mo
         cell.record = {"status": "ok", "bleu": 10.0, "sacrebleu": 9.0, "best_valid_loss": 4.0}
     verdict, = suite.verdicts("reproduce_table2_real", cells)
     assert verdict.verdict == "incomplete"
-    assert verdict.measured.startswith(f"{len(cells) - 1} of {len(cells)} cells trained")
+    assert verdict.measured.startswith(f"{len(cells) - 1} of {len(cells)} cells have a record")
     cells[0].record = dict(cells[1].record)
     verdict, = suite.verdicts("reproduce_table2_real", cells)
     assert verdict.verdict == "reproduced"
@@ -118,10 +118,10 @@ def test_a_claim_restricted_to_part_of_a_grid_waits_only_for_that_part():
     assert original.verdict == "reproduced", original.measured
     assert "grid 0.0005 to 0.008, 5 values" in original.measured
     wide = by_id["depth_mup_lr_transfers_across_depth_wide_grid"]
-    assert wide.verdict == "incomplete" and wide.measured.startswith("20 of 28 cells trained")
+    assert wide.verdict == "incomplete" and wide.measured.startswith("20 of 28 cells have a record")
     next(c for c in cells if c.arm["method"] == "depth_mup" and c.arm["optim.lr"] == "0.001").record = None
     original, = [v for v in suite.verdicts("reproduce_mup_transfer_real", cells) if v.claim.id == original.claim.id]
-    assert original.verdict == "incomplete" and original.measured.startswith("19 of 20 cells trained")
+    assert original.verdict == "incomplete" and original.measured.startswith("19 of 20 cells have a record")
 
 
 def test_transfer_panels_and_plot(tmp_path):
@@ -187,7 +187,7 @@ def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(t
     by_id = {v.claim.id: v for v in suite.verdicts("reproduce_lipschitz_real", cells, version=1)}
     assert by_id["avg"].verdict == "not reproduced"
     assert by_id["last"].verdict == "incomplete"
-    assert by_id["last"].measured.startswith("2 of 3 cells trained and measured on their last checkpoint")
+    assert by_id["last"].measured.startswith("2 of 3 cells have a record measured on their last checkpoint")
     with (tier / "last-checkpoint-bleu.jsonl").open("a") as f:
         f.write(_json.dumps(measured[2]) + "\n")
     suite.attach_records(cells, Records.load(tier))
@@ -359,7 +359,7 @@ def test_a_report_after_part_of_a_suite_is_the_whole_suites(tmp_path):
 
     whole = table()
     done = len((results / "table2" / "real" / "records.jsonl").read_text().splitlines())
-    assert f"{done} of 35 cells trained" in whole
+    assert f"{done} of 35 cells have a record" in whole
     assert table("method=pre_ln", "trainer.seed=2") == whole
     # a spelling Hydra reads alike picks the same cells
     assert table("++method=pre_ln", "+trainer.seed=2") == whole
@@ -367,7 +367,7 @@ def test_a_report_after_part_of_a_suite_is_the_whole_suites(tmp_path):
     assert table("method=pre_ln", "optim.lr=2e-3") == whole
     other = (tmp_path / "out" / "table2-real" / "report.md").read_text()
     # Pre-LN's cells: seeds 1-10 with warmup, 1-3 without
-    assert "0 of 13 cells trained" in other and "| method=post_ln" not in other
+    assert "0 of 13 cells have a record" in other and "| method=post_ln" not in other
 
 
 def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_path):
