@@ -64,8 +64,14 @@ def _step_of(path: Path) -> Optional[int]:
 def settings_from(configs: list[str], common: list[str], defaults: list[str],
                   compose: Callable[[list[str]], Config]) -> list[Setting]:
     """--config strings (each a space-separated override list, or a run folder) with the
-    common overrides appended; `defaults` when no --config was given. `compose` makes a Config
-    from overrides (the CLI's composition)."""
+    common overrides appended (refused beside a run folder); `defaults` when no --config was
+    given. `compose` makes a Config from overrides (the CLI's composition)."""
+    runs = [text for text in configs if is_run_dir(text)]
+    if runs and common:
+        # a run folder's config is the one it trained with: an override would analyse another
+        # model than its checkpoints hold
+        raise ConfigError(f"{common[0]!r}: key=value overrides apply to --config configurations, "
+                          f"not to a run folder ({runs[0]}), which keeps the config it trained with")
     out = []
     for text in (configs or defaults):
         if is_run_dir(text):

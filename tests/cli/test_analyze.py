@@ -29,6 +29,16 @@ def test_dependency_on_a_run_folder(tiny_run, tmp_path):
     assert betas[0] != betas[2]  # training moved the dependencies
 
 
+def test_an_override_beside_a_run_folder_is_refused_in_one_line(tiny_run, tmp_path, capsys):
+    """A run folder keeps the config it trained with: `RUN_DIR model.layers=4` would measure
+    another model than the run's, so the override is refused, not dropped."""
+    run_dir, _ = tiny_run
+    assert main_analyze(["grad-norms", str(run_dir), "model.layers=4", "--out", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("deepinit: error: 'model.layers=4'") and str(run_dir) in err
+    assert "Traceback" not in err and not (tmp_path / "g").exists()
+
+
 def test_output_change_command(tmp_path, capsys):
     out = tmp_path / "oc"
     code = main_analyze(["output-change", "--config", "norm=post", "--config", "norm=pre",
