@@ -211,7 +211,8 @@ def plot_transfer(preset: str, cells: Sequence[SuiteCell], path: Path) -> Option
         ax.minorticks_off()
         ax.set_xlabel(panel["over"])
         ax.set_title(panel["title"], fontsize=9)
-        ax.legend(fontsize=7)
+        if panel["lines"]:  # a panel whose arms were all left out of the run has nothing to name
+            ax.legend(fontsize=7)
         if ax is axes[0][0] or not one_metric:
             ax.set_ylabel(f"{panel['metric']} (mean of ok seeds)")
     return _save(plt, fig, path)

@@ -155,6 +155,22 @@ def test_transfer_panels_and_plot(tmp_path):
     assert transfer_panels("reproduce_table2_real", suite.plan("reproduce_table2_real")) == {}
 
 
+def test_a_transfer_panel_without_cells_draws_no_empty_legend(tmp_path):
+    """Overrides that leave the transfer claim's arm out of a run (method=pre_ln,post_ln on the
+    LM tier) give its panel no line: the plot is drawn without matplotlib's empty-legend warning
+    in the pool's log."""
+    import warnings
+
+    cells = [c for c in suite.plan("reproduce_lm_real") if c.arm["method"] in ("pre_ln", "post_ln")]
+    cells[0].record = {"status": "ok", "best_valid_loss": 2.0}
+    (panel,) = transfer_panels("reproduce_lm_real", cells).values()
+    assert panel["lines"] == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = plot_transfer("reproduce_lm_real", cells, tmp_path / "transfer.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_claims_on_the_last_checkpoint_read_its_measurements_and_wait_for_them(tmp_path, monkeypatch):
     """A claim whose BLEU bar reads the last checkpoint (bleu_metric: bleu_last) takes the values
     from last-checkpoint-bleu.jsonl beside the records, and reads incomplete while an ok cell of
