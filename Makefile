@@ -50,7 +50,7 @@ $(INSTALLED): pyproject.toml | $(BIN)/python
 
 setup: $(INSTALLED)
 
-# Real corpora for the tests (multi30k/, iwslt14-de-en-fairseq/) are read from $DEEPINIT_DATA_ROOT
+# Real corpora for the tests (multi30k/, iwslt14-de-en-fairseq/, tinyshakespeare/) are read from $DEEPINIT_DATA_ROOT
 # (make test DATA_ROOT=PATH sets it); tests whose corpus is missing skip and say where they looked.
 DATA_ROOT ?= $(DEEPINIT_DATA_ROOT)
 DATA_ENV = $(if $(DATA_ROOT),DEEPINIT_DATA_ROOT="$(abspath $(DATA_ROOT))")

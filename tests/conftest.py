@@ -176,6 +176,22 @@ def needs_staged(folder: str, what: str):
                f"{folder.split('/')[0]}/ (or run make test DATA_ROOT=PATH)")
 
 
+def _shakespeare_missing() -> str:
+    """Why the tinyshakespeare corpus cannot be read where data=shakespeare_char looks for it
+    (the data root's tinyshakespeare/, or downloads/ beside it), or "" when it can."""
+    from runner.data.corpus import CorpusError
+    from runner.data.lm import shakespeare_file
+
+    try:
+        shakespeare_file(None)
+    except CorpusError as err:
+        return str(err)
+    return ""
+
+
+needs_shakespeare = pytest.mark.skipif(bool(_shakespeare_missing()), reason=_shakespeare_missing() or "found")
+
+
 @pytest.fixture(autouse=True)
 def _no_internet(monkeypatch):
     """No test reaches the internet: downloads go to a closed local port unless a test serves

@@ -160,6 +160,10 @@ def test_early_training_of_a_config_with_gradient_accumulation():
                                 updates=2, warmup_updates=10)
     steps = result["settings"][0]["arms"]["no_warmup"]["steps"]
     assert len(steps) == 2 and all(math.isfinite(s["loss"]) for s in steps)
+    base = compose(SMALL + ["norm=post", "trainer.update_freq=2", "trainer.compile=true", "trainer.precision=bf16"])
+    arm = early_training.arm_config(base, 10, 2)
+    assert (arm.trainer.update_freq, arm.trainer.precision, arm.trainer.compile) == (1, "fp32", False)
+    assert (base.trainer.update_freq, base.trainer.precision, base.trainer.compile) == (2, "bf16", True)
 
 
 @pytest.mark.parametrize("scheme", [["norm=post", "init=admin"], ["norm=none", "init=tfixup"]])

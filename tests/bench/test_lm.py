@@ -11,7 +11,7 @@ import torch
 
 from runner.bench.lm import ReferenceGPT, StepClock, unsupported, windows_of
 from runner.cli.bench import main as main_bench
-from tests.conftest import compose, needs_staged
+from tests.conftest import compose, needs_shakespeare
 
 
 def test_reference_gpt_is_causal_tied_and_learns():
@@ -66,7 +66,7 @@ def test_windows_span_the_timed_updates():
     assert windows[1]["tokens_per_cpu_s"] == pytest.approx(40 / 36.0)
 
 
-@needs_staged("tinyshakespeare", "the tinyshakespeare corpus")
+@needs_shakespeare
 def test_lm_entry_and_its_reference_train_on_the_same_blocks(tmp_path):
     out = tmp_path / "bench.json"
     rc = main_bench(["--quick", "--presets", "lm-nanogpt-cpu", "--depths", "--reference", "--reps", "1",

@@ -13,15 +13,14 @@ from runner.data.corpus import CorpusError
 from runner.data.lm import (
     CharVocab,
     load_shakespeare_char,
+    shakespeare_file,
     training_batch,
     training_block_offsets,
     unigram_nll,
     validation_batches,
 )
-from tests.conftest import needs_staged, staged_data
+from tests.conftest import needs_shakespeare
 from tests.data.http_files import FileServer
-
-needs_shakespeare = needs_staged("tinyshakespeare", "the tinyshakespeare corpus")
 
 
 def data_cfg(folder=None):
@@ -101,7 +100,7 @@ def test_download_fetches_the_corpus_and_the_loader_finds_it(tmp_path, monkeypat
     data=shakespeare_char looks when data.dir is unset."""
     from runner.cli import main as deepinit_main
 
-    text = (staged_data("tinyshakespeare") / "input.txt").read_bytes()
+    text = shakespeare_file(None).read_bytes()
     monkeypatch.setenv("DEEPINIT_DATA_ROOT", str(tmp_path / "root"))
     server = FileServer()
     try:

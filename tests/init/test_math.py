@@ -162,10 +162,15 @@ def test_admin_torch_counts_2l_branches_in_a_decoder_only_lm():
 
 # ----- Lipschitz (Xu et al. 2020; hfxunlp/transformer utils/init/base.py init_model_params_lipschitz) -----
 
-def test_lipschitz_documented_bounds():
-    assert round(math.sqrt(1 / 512), 4) == 0.0442 and round(math.sqrt(1 / 2048), 4) == 0.0221
-    assert round(math.sqrt(2 / (512 + 10152)), 4) == 0.0137
-    assert round(math.sqrt(2 / (512 + 32768)), 4) == 0.0078
+def test_lipschitz_bounds_at_the_papers_sizes():
+    """The scheme's bound functions at the paper's sizes give the bounds worked out by hand from
+    Neutron's rules (d = 512, ffn 2,048, vocabularies 10,152 and 32,768)."""
+    from runner.init.lipschitz import embedding_bound, linear_bound
+
+    assert round(linear_bound(512, 1.0), 4) == 0.0442 and round(linear_bound(2048, 1.0), 4) == 0.0221
+    assert round(linear_bound(512, 0.5), 4) == 0.0221
+    assert round(embedding_bound(512, 10152), 4) == 0.0137
+    assert round(embedding_bound(512, 32768), 4) == 0.0078
 
 
 @pytest.mark.parametrize("share", ["all", "none"])

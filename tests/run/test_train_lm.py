@@ -13,9 +13,7 @@ from runner.config import ConfigError
 from runner.run import folder
 from runner.run.build import check_config
 from runner.run.train import train
-from tests.conftest import compose, needs_staged
-
-pytestmark = needs_staged("tinyshakespeare", "the tinyshakespeare corpus")
+from tests.conftest import compose, needs_shakespeare
 
 TINY_LM = ["task=lm", "model=ci", "model.max_positions=16", "data.block_size=16", "data.batch_size=4",
            "trainer.max_updates=20", "trainer.log_interval=5", "trainer.valid_interval=10",
@@ -23,6 +21,7 @@ TINY_LM = ["task=lm", "model=ci", "model.max_positions=16", "data.block_size=16"
            "warmup.updates=5", "optim.lr=1e-2", "trainer.threads=1", "trainer.progress=false", "trainer.keep_checkpoints=0"]
 
 
+@needs_shakespeare
 def test_a_language_model_trains_and_reports_bits_per_character(tmp_path):
     result = train(compose(TINY_LM), tmp_path / "run")
     assert result["status"] == "ok" and result["updates"] == 20
@@ -36,6 +35,7 @@ def test_a_language_model_trains_and_reports_bits_per_character(tmp_path):
     assert vocab["unit"] == "character" and len(vocab["chars"]) == 65
 
 
+@needs_shakespeare
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     straight = train(compose(TINY_LM), tmp_path / "straight")
     first = train(compose([*TINY_LM, "trainer.max_updates=10"]), tmp_path / "resumed")
@@ -50,6 +50,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@needs_shakespeare
 def test_sample_prints_a_continuation_of_the_prompt(tmp_path, capsys):
     from runner.cli import main as deepinit_main
 
@@ -59,7 +60,8 @@ def test_sample_prints_a_continuation_of_the_prompt(tmp_path, capsys):
         deepinit_main(["sample", str(tmp_path / "run"), "--prompt", "ROMEO:", "--tokens", "12",
                        "--temperature", "0"])
     out = capsys.readouterr().out
-    assert done.value.code == 0 and out.startswith("ROMEO:") and len(out.rstrip("\n")) >= len("ROMEO:") + 1
+    # character-level: the prompt, 12 new characters (a newline may be one of them), print's newline
+    assert done.value.code == 0 and out.startswith("ROMEO:") and len(out) == len("ROMEO:") + 12 + 1
     with pytest.raises(SystemExit) as bad:
         deepinit_main(["sample", str(tmp_path / "run"), "--prompt", "{"])
     err = capsys.readouterr().err

@@ -318,7 +318,8 @@ def test_curve_slope():
 def test_real_tier_records_reuse_and_report(tmp_path):
     env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path / "results")}
     args = ["reproduce", "table2", "--scale", "real", "--parallel", "2", "--out", str(tmp_path / "out"),
-            *SHRINK[:-2], "warmup.updates=0", "trainer.seed=1,2"]  # Table 2's no-warmup arms
+            *SHRINK[:-2], "warmup.updates=0", "trainer.seed=1,2",  # Table 2's no-warmup arms
+            "trainer.divergence.stall_margin=-1000"]  # 20 updates: never call a cell stalled
     first = run_cli_here(args, cwd=REPO, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     # SHRINK changes the preset's cells (toy data, a tiny model): a variant, whose records and
@@ -334,16 +335,15 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     assert len(records) == 4  # 2 methods x 2 seeds
     assert {r["seed"] for r in records} == {1, 2}
     for r in records:
-        assert r["status"] in ("ok", "diverged", "stalled") and r["updates"] == 20
+        assert r["status"] == "ok" and r["updates"] == 20
         assert r["machine"]["git_commit"] and r["machine"]["torch"]
         assert r["machine"]["compile"] is False and r["pool_slots"] == 2  # how it ran: eager, 2 at once
         assert r["valid_curve"] and "+sweep=reproduce_table2_real" in r["overrides"]
         # the logged training losses, what loss spikes are counted from (SHRINK logs every 5)
-        assert [step for step, _ in r["train_curve"]] == [5, 10, 15, 20][:len(r["train_curve"])]
-        if r["status"] == "ok":
-            assert len(r["train_curve"]) == 4
-            assert r["bleu"] is not None and r["best_valid_loss"] is not None
-            assert r["bleu_last"] is not None  # the preset's trainer.final_bleu_last
+        assert [step for step, _ in r["train_curve"]] == [5, 10, 15, 20]
+        assert len(r["train_curve"]) == 4
+        assert r["bleu"] is not None and r["best_valid_loss"] is not None
+        assert r["bleu_last"] is not None  # the preset's trainer.final_bleu_last
     report = (tier / "report.md").read_text()
     assert "method=pre_ln warmup.updates=0" in report and "post_ln_no_warmup_fails" in report
     # claims on arms this shrunken plan trains get a verdict; those on arms it lacks are "not run"

@@ -108,8 +108,13 @@ def rho(t, beta2):
 
 
 def test_rho_first_reaches_5_at_step_6():
+    """The optimizer's rectification term is RAdam's rho_t (by the formula above), and it first
+    reaches 5, where the rectified update starts, at step 6 for beta2 from 0.98 to 0.999."""
+    from runner.train.optim import rectification
+
     for beta2 in (0.98, 0.99, 0.995, 0.999):
-        assert [t for t in range(1, 20) if rho(t, beta2) >= 5][0] == 6
+        assert [rectification(t, beta2)[0] for t in range(1, 20)] == pytest.approx([rho(t, beta2) for t in range(1, 20)])
+        assert [t for t in range(1, 20) if rectification(t, beta2)[0] >= 5][0] == 6
 
 
 def radam_trajectory(mode, steps=7, lr=0.1, wd=0.01, beta1=0.9, beta2=0.99, eps=1e-8):
