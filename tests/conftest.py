@@ -189,7 +189,8 @@ def _shakespeare_missing() -> str:
     return ""
 
 
-needs_shakespeare = pytest.mark.skipif(bool(_shakespeare_missing()), reason=_shakespeare_missing() or "found")
+_SHAKESPEARE_MISSING = _shakespeare_missing()
+needs_shakespeare = pytest.mark.skipif(bool(_SHAKESPEARE_MISSING), reason=_SHAKESPEARE_MISSING or "found")
 
 
 @pytest.fixture(autouse=True)
