@@ -158,7 +158,15 @@ from runner.tables.claims import (
     Verdict,
     selector_matches,
 )
-from runner.tables.rulebook import BELOW_BAR, COUNT_METRICS, CURRENT, NOT_TRAINED, RuleBook, rulebook
+from runner.tables.rulebook import (
+    BELOW_BAR,
+    BLOWN_UP,
+    COUNT_METRICS,
+    CURRENT,
+    NOT_TRAINED,
+    RuleBook,
+    rulebook,
+)
 from runner.tables.statistics import (
     bootstrap_mean_ci,
     detectable_variance_ratio,
@@ -464,24 +472,54 @@ def _power_alpha(book: RuleBook, family_size: int) -> float:
     return book.alpha / max(1, family_size) if book.power_level == "family" else book.alpha
 
 
+def _tested_diffs(claim: Claim, pairs: Sequence[tuple[Record, Record]]
+                  ) -> tuple[list[tuple[int, float]], list[tuple[int, float, str]]]:
+    """Rule book v4's evidence of a "better" claim: (seed, A - B) of the metric, positive = A
+    better, over the pairs whose cells both finished without a blow-up (trained, stalled or below
+    the BLEU bar) with a finite value; and (seed, +1 | -1 | 0, words) for each pair with a diverged
+    or collapsed cell, decided by outcome (the cell that blew up loses; both: a tie)."""
+    sign = 1.0 if claim.higher_is_better else -1.0
+    diffs, by_outcome = [], []
+    for ra, rb in pairs:
+        a_up, b_up = ra.status in BLOWN_UP, rb.status in BLOWN_UP
+        if a_up or b_up:
+            score = 0.0 if a_up and b_up else -1.0 if a_up else 1.0
+            words = (f"both {ra.status}" if a_up and b_up and ra.status == rb.status else
+                     f"A {ra.status}, B {rb.status}" if a_up and b_up else
+                     f"A {ra.status}" if a_up else f"B {rb.status}")
+            by_outcome.append((ra.seed, score, words))
+            continue
+        va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
+        if va is None or vb is None or not (math.isfinite(va) and math.isfinite(vb)):
+            continue
+        diffs.append((ra.seed, sign * (float(va) - float(vb))))
+    return diffs, by_outcome
+
+
 def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook,
                   family_size: int = 1) -> Verdict:
     pairs, details, bad_line, settled = _bad_cells(claim, a, b, book)
-    if settled is not None:
+    if settled is not None and book.not_trained_pairs == "settle":
         return Verdict(claim, settled, bad_line, details)
     a_bad, b_bad = details["a_bad"], details["b_bad"]
     la, lb = selector_label(claim.a), selector_label(claim.b or {})
-    diffs = _ok_diffs(claim, pairs)
-    details["paired"] = len(diffs)
     # Written so that a positive number always means "A better".
     head = f"{la} - {lb}" if claim.higher_is_better else f"{lb} - {la}"
     suffix = "" if not (a_bad or b_bad) else f" ({bad_line})"
+    lower = "" if claim.higher_is_better else ", lower is better"
+    if book.not_trained_pairs == "test":
+        diffs, by_outcome = _tested_diffs(claim, pairs)
+        details["paired"] = len(diffs) + len(by_outcome)
+        if by_outcome:
+            return _judge_better_by_outcome(claim, diffs, by_outcome, details, book, head, lower, suffix)
+    else:
+        diffs = _ok_diffs(claim, pairs)
+        details["paired"] = len(diffs)
     if len(diffs) < 2:
         measured = f"{claim.metric}: only {len(diffs)} paired ok seed(s) with the metric, need 2{suffix}"
         return Verdict(claim, "inconclusive", measured, details)
     values = [d for _, d in diffs]
     favour = sum(d > 0 for d in values)
-    lower = "" if claim.higher_is_better else ", lower is better"
     if book.better_test == "bootstrap_ci":  # rule book v1, kept to show where verdicts changed
         lo, hi = bootstrap_mean_ci(values, level=_LEVEL, resamples=_RESAMPLES, seed=_SEED, min_values=2)
         mean = float(np.mean(values))
@@ -538,6 +576,32 @@ def _judge_better_count(claim: Claim, diffs: Sequence[tuple[int, float]], detail
     measured = (f"{head} {claim.metric} over {len(diffs)} paired seeds{lower} ({_seed_pairs(diffs)}): "
                 f"{wins} favour A, {losses} favour B, {len(diffs) - untied} tied; one-sided sign test "
                 f"p={p:.3g}; the smallest p {len(diffs)} pairs can give: {best_p:.3g}{suffix}")
+    return Verdict(claim, _better_verdict(details, p, book), measured, details)
+
+
+def _judge_better_by_outcome(claim: Claim, diffs: Sequence[tuple[int, float]],
+                             by_outcome: Sequence[tuple[int, float, str]], details: dict, book: RuleBook,
+                             head: str, lower: str, suffix: str) -> Verdict:
+    """Rule book v4's "better" where a pair has a cell that diverged or collapsed: the exact
+    one-sided sign test over every pair, those pairs decided by outcome and the others by the sign
+    of their difference, ties left out (scipy.stats.binomtest), read as v3 reads a count's."""
+    scores = sorted([(seed, d) for seed, d in diffs] + [(seed, d) for seed, d, _ in by_outcome])
+    wins, losses = sum(d > 0 for _, d in scores), sum(d < 0 for _, d in scores)
+    untied = wins + losses
+    p = float(stats.binomtest(wins, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
+    p_reverse = float(stats.binomtest(losses, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
+    best_p = 0.5 ** len(scores)  # every pair favouring A
+    words = {seed: w for seed, _, w in by_outcome}
+    listed = ", ".join(f"seed {seed} {words[seed]}" if seed in words else f"seed {seed} {_signed(d + 0.0)}"
+                       for seed, d in scores)
+    details.update({"test": "sign", "p": p, "p_reverse": p_reverse, "wins": wins, "losses": losses,
+                    "best_p": best_p, "best_p_holm": best_p, "higher_is_better": claim.higher_is_better,
+                    "pairs_favouring_a": wins, "by_outcome": len(by_outcome),
+                    "diffs": {str(seed): d for seed, d in scores}})
+    measured = (f"{head} {claim.metric} over {len(scores)} paired seeds{lower}, a pair with a blown-up cell "
+                f"decided by outcome ({listed}): {wins} favour A, {losses} favour B, {len(scores) - untied} "
+                f"tied; one-sided sign test p={p:.3g}; the smallest p {len(scores)} pairs can give: "
+                f"{best_p:.3g}{suffix}")
     return Verdict(claim, _better_verdict(details, p, book), measured, details)
 
 

@@ -324,9 +324,11 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
               if rows else "(none)", ""]
     changed = [f"- {v.claim.id}: {o.verdict} under v1, {v.verdict} now: {change_reason(o, v)}"
                for v, o in zip(judged, old) if v1_has_rule(v.claim) and o.verdict != v.verdict]
-    if CURRENT > 2:
-        changed += [f"- {v.claim.id}: {o.verdict} under v2, {v.verdict} now: {change_reason_v2(o, v)}"
-                    for v, o in zip(judged, verdicts(preset, cells, version=2)) if o.verdict != v.verdict]
+    for version, reason in ((2, change_reason_v2), (3, change_reason_v3)):
+        if version < CURRENT:
+            changed += [f"- {v.claim.id}: {o.verdict} under v{version}, {v.verdict} now: {reason(o, v)}"
+                        for v, o in zip(judged, verdicts(preset, cells, version=version))
+                        if o.verdict != v.verdict]
     if changed:
         lines += ["Verdicts that changed with the rule book:", "", *changed, ""]
     reasons: dict[str, list[str]] = {}  # claims added for one reason share its line
@@ -397,6 +399,19 @@ def change_reason_v2(old: Verdict, new: Verdict) -> str:
         parts.append(f"v3 sizes the detectable effect at alpha over the family ({d['mde']:.2f}), "
                      f"v2 at alpha ({o['mde']:.2f})")
     return prefix + ("; ".join(parts) or "v3 changes how a family's claims are corrected and powered") + "."
+
+
+def change_reason_v3(old: Verdict, new: Verdict) -> str:
+    """One sentence on why a "better" claim's verdict differs between rule book v3 (`old`) and v4."""
+    d = new.details
+    prefix = "(provisional) " if "incomplete" in (new.verdict, old.verdict) else ""
+    if "p" in old.details or "p" not in d:
+        return (prefix + "v4 tests claims whose arms have cells that did not train, which changes "
+                "the Holm family's p-values.")
+    test = (f"the exact sign test over {d.get('paired')} pairs, {d.get('by_outcome', 0)} decided by a blown-up cell "
+            f"(p={d['p']:.3g})" if d.get("test") == "sign" else f"the paired t-test (p={d['p']:.3g})")
+    return (prefix + f"v3 settled it by counting the cells that did not train, without a test; "
+            f"v4 decides it by {test}.")
 
 
 def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],

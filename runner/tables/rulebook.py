@@ -82,7 +82,7 @@ Version 2:
                      when one is better or worse and the other shows no difference;
                      "undecided" while either is incomplete.
 
-Version 3 (current): version 2, with three changes to "better" claims, written before any claim
+Version 3: version 2, with three changes to "better" claims, written before any claim
 they change was final (the language-model tier's spike claim and Table 2's Admin claim were
 "incomplete"; no finished suite's verdict changes):
     - The Holm family is the table's planned "better" claims against one baseline, whatever their
@@ -99,6 +99,20 @@ they change was final (the language-model tier's spike claim and Table 2's Admin
       (1 - level) / 2 = 0.025 (the t path's one-sided level); "underpowered" when even every pair
       favouring A would leave the Holm-corrected p at alpha or more, the family's other p-values
       as they are (3 pairs: the smallest p is 1/8); else inconclusive.
+
+Version 4 (current): version 3, with one change to "better" claims, written when all three claims
+it touches had final verdicts, none of which it changes (a claim of the Lipschitz suite, its
+last-checkpoint twin, and the language-model tier's Mix-LN over Post-LN):
+    - Versions 1 to 3 settle a "better" claim without a test when only B has cells that did not
+      train (reproduced), or A has more of them (not reproduced): one stalled baseline seed against
+      none decided it, at no stated alpha. Version 4 tests every such claim. A cell that stalled or
+      is below the BLEU bar finished its run, and its metric says where it got: it enters the
+      paired t-test with its recorded value like a trained cell. A cell that diverged or collapsed
+      has no final value to compare (its best metric predates the blow-up): a pair with one is
+      decided by outcome, the cell that blew up losing (both blew up: a tie), and the claim is then
+      decided by the exact one-sided sign test over every pair (the others by the sign of their
+      difference), with version 3's rules for a sign test's verdict. In the Holm family these
+      claims enter with their test's p, like any other.
 """
 from __future__ import annotations
 
@@ -113,6 +127,8 @@ from runner.run.status import DIVERGED, FAILED, OK, STALLED, run_status
 TRAINED, COLLAPSED, BELOW_BAR = "trained", "collapsed", "below_bar"
 OUTCOMES = (TRAINED, DIVERGED, COLLAPSED, STALLED, BELOW_BAR, FAILED)
 NOT_TRAINED = (DIVERGED, COLLAPSED, STALLED, BELOW_BAR)
+# not trained with no final value to compare: the best metric predates the blow-up (v4)
+BLOWN_UP = (DIVERGED, COLLAPSED)
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,10 @@ class RuleBook:
     # "better" on a count (loss spikes): "t" (v2: the paired t-test) or "sign" (v3: the exact
     # one-sided sign test over the seed pairs, scipy.stats.binomtest)
     count_test: str = "t"
+    # a "better" claim with cells that did not train: "settle" (v1-v3: decided by counting them,
+    # without a test) or "test" (v4: stalled and below-bar cells enter the t-test with their
+    # values; a pair with a diverged or collapsed cell is decided by outcome in a sign test)
+    not_trained_pairs: str = "settle"
 
 
 RULEBOOKS: dict[int, RuleBook] = {
@@ -160,8 +180,11 @@ RULEBOOKS: dict[int, RuleBook] = {
     3: RuleBook(version=3, better_test="paired_t_holm", bleu_bar=10.0,
                 collapse_margin=0.5, same_best_per_seed=True, holm_family="planned",
                 power_level="family", count_test="sign"),
+    4: RuleBook(version=4, better_test="paired_t_holm", bleu_bar=10.0,
+                collapse_margin=0.5, same_best_per_seed=True, holm_family="planned",
+                power_level="family", count_test="sign", not_trained_pairs="test"),
 }
-CURRENT = 3
+CURRENT = 4
 # the metrics that count events: integers a t-test's normal model does not fit
 COUNT_METRICS = ("loss_spikes",)
 
@@ -240,9 +263,14 @@ def describe(book: RuleBook) -> str:
             f"paired t-test at alpha {book.alpha:g}, Holm-corrected over a table's claims against the "
             f"same baseline; a claim whose paper-sized effect is below the minimum detectable effect "
             f"at {book.power:.0%} power reads \"underpowered\"."
-            + (" The family is every such claim the table plans (a claim settled without a test at "
-               "p = 0 or 1); the detectable effect is at alpha over the family's size; counts (loss "
-               "spikes) are compared by the exact sign test." if book.holm_family == "planned" else ""))
+            + (" The family is every such claim the table plans ("
+               + ("one without a test at p = 1" if book.not_trained_pairs == "test" else
+                  "a claim settled without a test at p = 0 or 1")
+               + "); the detectable effect is at alpha over the family's size; counts (loss "
+               "spikes) are compared by the exact sign test." if book.holm_family == "planned" else "")
+            + (" Stalled and below-bar cells enter the t-test with their values; a pair with a "
+               "diverged or collapsed cell is decided by outcome (the blown-up cell loses) and the "
+               "claim by the exact sign test." if book.not_trained_pairs == "test" else ""))
 
 
 def loss_spikes(curve: Sequence[Sequence[float]], margin: float) -> Optional[int]:

@@ -704,3 +704,78 @@ def test_the_reason_for_a_changed_better_verdict_names_the_v1_interval_truly(pai
     reason = change_reason(old, new)
     assert words in reason
     assert "p=0.44 after Holm over 2 comparisons" in reason and "0.39 detectable" in reason
+
+
+# --------------------------------------------------------------------------- rule book v4
+
+
+def test_v4_tests_a_better_claim_whose_baseline_stalled_where_v3_settled_it_by_count():
+    """v3 reads "reproduced" when only B has cells that did not train, with no test; v4 puts the
+    stalled cells' recorded values into the same one-sided paired t-test as trained ones."""
+    a, b = [30.0, 31.0, 32.0], [1.0, 1.5, 0.5]
+    records = _recs(A, a) + _recs(B, b, status="stalled")
+    v3 = judge(_better("c", A, B), records, 3)
+    assert v3.verdict == "reproduced" and "p" not in v3.details
+    v4 = judge(_better("c", A, B), records, 4)
+    assert v4.details["p"] == pytest.approx(stats.ttest_rel(a, b, alternative="greater").pvalue, rel=1e-10)
+    assert v4.verdict == "reproduced" and "seed 1 +29.00" in v4.measured and "test" not in v4.details
+    # stalled arms that are as good as A: v3 still says reproduced, v4's test does not
+    close = _recs(A, a) + _recs(B, [29.0, 31.5, 31.8], status="stalled")
+    assert judge(_better("c", A, B), close, 3).verdict == "reproduced"
+    assert judge(_better("c", A, B), close, 4).verdict == "inconclusive"
+
+
+def test_v4_decides_pairs_with_a_blown_up_cell_by_outcome_in_an_exact_sign_test():
+    a, b = [30.0, 31.0, 32.0, 30.5], [29.0, 30.0, 31.0, 31.0]
+    # seeds 1-2: B diverged (A wins by outcome); seed 3: A better; seed 4: B better
+    records = (_recs(A, a) + _recs(B, b[:2], seeds=[1, 2], status="diverged")
+               + _recs(B, b[2:], seeds=[3, 4]))
+    v = judge(_better("c", A, B), records, 4)
+    assert v.details["test"] == "sign" and (v.details["wins"], v.details["losses"]) == (3, 1)
+    assert v.details["p"] == pytest.approx(stats.binomtest(3, 4, 0.5, alternative="greater").pvalue)
+    assert v.details["p_reverse"] == pytest.approx(stats.binomtest(1, 4, 0.5, alternative="greater").pvalue)
+    assert "seed 1 B diverged" in v.measured and "seed 4 -0.50" in v.measured
+    # the best case of 4 pairs, 1/16 = 0.0625, is above alpha: 4 pairs can never reproduce it
+    assert v.verdict == "underpowered"
+    # A blew up in every pair where B trained: the reverse test, p = 1/8 with 3 pairs, cannot
+    # reject at 0.025 either, so 3 seeds leave it underpowered where v3 said "not reproduced"
+    flipped = _recs(A, a[:3], status="collapsed") + _recs(B, b[:3])
+    assert judge(_better("c", A, B), flipped, 3).verdict == "not reproduced"
+    w = judge(_better("c", A, B), flipped, 4)
+    assert (w.details["wins"], w.details["losses"]) == (0, 3) and w.verdict == "underpowered"
+    # both blew up: a tie, left out
+    both = _recs(A, [1.0, 2.0, 3.0], status="diverged") + _recs(B, [1.0, 2.0, 3.0], status="diverged")
+    t = judge(_better("c", A, B), both, 4)
+    assert (t.details["wins"], t.details["losses"], t.details["p"]) == (0, 0, 1.0) and "3 tied" in t.measured
+    # 6 pairs, every one A's: 1/64 < 0.05
+    six = _recs(A, [30.0] * 6) + _recs(B, [1.0] * 6, status="diverged")
+    assert judge(_better("c", A, B), six, 4).verdict == "reproduced"
+
+
+def test_v4_is_the_current_rule_book_and_its_claims_enter_holm_with_their_test_p():
+    assert rulebook().version == 4 and RULEBOOKS[4].not_trained_pairs == "test"
+    assert RULEBOOKS[3].not_trained_pairs == "settle"
+    base = [29.0, 30.0, 31.0, 30.0]
+    a = [29.8, 30.2, 31.5, 30.1]  # p_a = 0.043
+    D = {"method": "dsinit"}
+    records = (_recs(A, a) + _recs(B, base) + _recs(B, [1.0] * 3, seeds=[5, 6, 7], status="stalled")
+               + _recs(D, [30.0, 30.5, 29.0], seeds=[5, 6, 7]))
+    p_a = stats.ttest_rel(a, base, alternative="greater").pvalue
+    p_d = stats.ttest_rel([30.0, 30.5, 29.0], [1.0] * 3, alternative="greater").pvalue
+    v4 = judge_all([_better("a", A, B), _better("d", D, B)], records, 4)
+    assert [v.details["p_holm"] for v in v4] == pytest.approx(holm([p_a, p_d]))
+
+
+def test_the_reason_for_a_verdict_v4_changed_names_both_rules():
+    from runner.tables.report import change_reason_v3
+
+    a, b = [30.0, 31.0, 32.0], [29.0, 31.5, 31.8]
+    records = _recs(A, a) + _recs(B, b, status="stalled")
+    old, new = judge(_better("c", A, B), records, 3), judge(_better("c", A, B), records, 4)
+    assert (old.verdict, new.verdict) == ("reproduced", "inconclusive")
+    p = stats.ttest_rel(a, b, alternative="greater").pvalue
+    assert change_reason_v3(old, new) == ("v3 settled it by counting the cells that did not train, without "
+                                          f"a test; v4 decides it by the paired t-test (p={p:.3g}).")
+    flipped = _recs(A, a, status="collapsed") + _recs(B, b)
+    old, new = judge(_better("c", A, B), flipped, 3), judge(_better("c", A, B), flipped, 4)
+    assert "the exact sign test over 3 pairs, 3 decided by a blown-up cell (p=1)" in change_reason_v3(old, new)
