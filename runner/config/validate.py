@@ -62,6 +62,13 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"{key}={value!r}: expected one of {names}"
                               + (" or null" if None in allowed else ""))
 
+    if cfg.task == "lm":  # before the per-stack rules, whose words assume two stacks
+        for key, use in (("norm.encoder_placement", "norm=... or norm.decoder_placement"),
+                         ("model.encoder_layers", "model.layers or model.decoder_layers")):
+            if _get(cfg, key) is not None:
+                raise ConfigError(f"{key}={_get(cfg, key)}: task=lm's model has one stack, on the "
+                                  f"decoder side, and no encoder; use {use}")
+
     model, trainer, optim = cfg.model, cfg.trainer, cfg.optim
     positive = {
         "model.dim": model.dim,

@@ -15,7 +15,7 @@ from runner.config import InitConfig
 from runner.config.options import options
 from runner.init.base import InitScheme
 from runner.init.common import fairseq_xavier
-from runner.model.loss import label_smoothed_nll
+from runner.model.loss import NO_PAD, label_smoothed_nll
 from runner.model.sublayer import ResidualSpec
 
 
@@ -85,18 +85,20 @@ class Profiler:
 
 def profile(model, cfg, batch) -> dict[str, float]:
     """One forward+backward of `batch` in train mode with the profiling hooks; returns the
-    omega of every sublayer by name, in forward order."""
+    omega of every sublayer by name, in forward order. task=lm's batch is (tokens, target)."""
     was_training = model.training
     model.train()
     profiler = Profiler(model)
+    lm = cfg.task == "lm"
     try:
-        logits = model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
+        logits = model(batch[0]) if lm else model(batch.src_tokens, batch.prev_tokens, batch.src_has_pad)
     finally:
         # Before the backward: activation checkpointing re-runs forwards there.
         profiler.remove()
-    pad = model.pad_index
-    loss, _ = label_smoothed_nll(logits, batch.target, cfg.trainer.label_smoothing, pad)
-    (loss / batch.ntokens).backward()
+    target, pad, ntokens = ((batch[1], NO_PAD, batch[1].numel()) if lm else
+                            (batch.target, model.pad_index, batch.ntokens))
+    loss, _ = label_smoothed_nll(logits, target, cfg.trainer.label_smoothing, pad)
+    (loss / ntokens).backward()
     model.zero_grad(set_to_none=True)
     model.train(was_training)
     return profiler.omegas
@@ -106,7 +108,9 @@ class Admin(InitScheme):
     name = "admin"
     options = AdminOptions
     changes = ("*.omega",)  # the first sublayer of each stack keeps omega = 1, later ones change
-    task_hint = ("Admin's profiling pass runs the encoder-decoder forward; its decoder-only form is not written yet")
+    # the profiling walk keeps one accumulator per stack over its sublayers in forward order
+    # (Liu et al. 2020, Sec. 4.3; Transformer-Clinic): a decoder-only stack is walked the same way
+    tasks = ("translation", "lm")
     placements = ("post",)
     placement_hint = "Admin rescales the Post-LN shortcut"
 

@@ -1,7 +1,7 @@
 """`init=deepnorm`: DeepNet (Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers):
 Post-LN with the shortcut up-weighted by a constant alpha (written into omega, not trained) and
-v/out/fc1/fc2 drawn Xavier-normal with gain beta (q/k gain 1), with the encoder-decoder constants
-of the paper."""
+v/out/fc1/fc2 drawn Xavier-normal with gain beta (q/k gain 1), with the paper's encoder-decoder
+constants, or its decoder-only ones under task=lm (Table 1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

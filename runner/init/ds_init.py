@@ -36,6 +36,8 @@ def bound(fan_in: int, fan_out: int, layer: int, form: str, gain: float) -> floa
 
 
 class DSInit(InitScheme):
+    # l is a layer's depth in its own stack (bzhangGo/zero models/transformer.py counts encoder and
+    # decoder layers apart), so the LM's one stack gets l = 1..L
     tasks = ("translation", "lm")
     name = "ds_init"
     options = DSInitOptions

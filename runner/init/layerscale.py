@@ -63,6 +63,8 @@ def layerscale_epsilon(depth: int) -> float:
 
 
 class LayerScale(InitScheme):
+    # CaiT's rule is stated for one stack of layers (Touvron et al. 2021, Sec. 3): the LM's stack
+    # is that case, with epsilon picked by its depth (stack_depths)
     tasks = ("translation", "lm")
     name = "layerscale"
     options = LayerScaleOptions

@@ -69,6 +69,8 @@ class AlphaScheme(InitScheme):
 
 
 class ReZero(AlphaScheme):
+    # one alpha per layer whatever the stack (majumderb/rezero rztx.py wraps encoder and decoder
+    # layers alike), so the LM's one stack gets it unchanged
     tasks = ("translation", "lm")
     name = "rezero"
     placements = ("none",)

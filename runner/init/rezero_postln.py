@@ -8,7 +8,8 @@ from runner.init.rezero import AlphaScheme
 
 class ReZeroPostLN(AlphaScheme):
     name = "rezero_postln"
-    # the rule (one alpha per layer, 0 at init, with Post-LN) needs nothing of the encoder-decoder
+    # the rule (one alpha per layer, 0 at init, with Post-LN; Transformer-Clinic rezero_postln)
+    # needs nothing of the encoder-decoder, so the LM's one stack gets it unchanged
     tasks = ("translation", "lm")
     placements = ("post",)
     placement_hint = "rezero_postln is ReZero with Post-LN"

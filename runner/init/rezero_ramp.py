@@ -15,6 +15,7 @@ class ReZeroRampOptions(AlphaOptions):
 
 
 class ReZeroRamp(AlphaScheme):
+    # the ramp is per branch and per update whatever the stack, so the LM's one stack gets it
     tasks = ("translation", "lm")
     name = "rezero_ramp"
     options = ReZeroRampOptions

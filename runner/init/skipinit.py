@@ -8,6 +8,7 @@ from runner.init.rezero import AlphaScheme
 
 
 class SkipInit(AlphaScheme):
+    # one alpha per residual branch whatever the stack, so the LM's one stack gets it unchanged
     tasks = ("translation", "lm")
     name = "skipinit"
     placements = ("none",)

@@ -7,6 +7,7 @@ from runner.init.common import fairseq_xavier
 
 
 class Xavier(InitScheme):
+    # a rule per matrix (fan-in and fan-out only), so the LM's one stack gets it unchanged
     tasks = ("translation", "lm")
     name = "xavier"
 

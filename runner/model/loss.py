@@ -47,6 +47,9 @@ class _LabelSmoothedNLL(torch.autograd.Function):
         return grad, None, None, None
 
 
+NO_PAD = -1  # task=lm: no position of a block is padding; a target id the loss never sees
+
+
 def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, epsilon: float,
                        pad_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed over non-pad target tokens (the caller divides by the token count).

@@ -12,10 +12,8 @@ import torch
 
 from runner.console import track
 from runner.data.lm import bits_key, training_batch
-from runner.model.loss import label_smoothed_nll
+from runner.model.loss import NO_PAD, label_smoothed_nll
 from runner.train.loop import Trainer, Validation
-
-NO_PAD = -1  # no position of a block is padding: a target id the loss never sees
 
 
 @dataclass

@@ -104,3 +104,58 @@ def test_rezero_hook_leaves_a_trained_alpha_alone():
     assert on_update_hook(cfg) is None  # a trained alpha: the train loop calls no hook
     SCHEMES["rezero"].on_update(model, 10, cfg)  # and the hook itself leaves it alone
     assert float(model.encoder.layers[0].ffn.alpha.detach()) == torch.tensor(0.123).item()
+
+
+def test_admin_profiles_a_decoder_only_lm_as_one_stack():
+    """task=lm: the same walk over the one stack's 2L sublayers in forward order, measured here
+    from a replay of the profiling forward with the final omegas (dropout 0.1, same seed)."""
+    from runner import init as init_schemes
+    from runner.init.common import fairseq_xavier
+    from runner.model.lm import DecoderOnlyLM
+    from tests.model.test_lm import VOCAB, lm_config
+
+    cfg = lm_config("post", layers=3, init="admin")
+    cfg.model.dropout = 0.1
+    tokens = torch.randint(0, VOCAB, (4, 13), generator=torch.Generator().manual_seed(5))
+    batch = (tokens[:, :-1], tokens[:, 1:])
+
+    def build(config):
+        torch.manual_seed(7)
+        return DecoderOnlyLM(config.model, config.norm, VOCAB, init_schemes.residual_spec(config))
+
+    admin = build(cfg)
+    torch.manual_seed(3)
+    omegas = init_apply(admin, cfg, batch)["omega"]
+    assert list(omegas) == [ref.name for ref in admin.sublayers()] and len(omegas) == 6
+    assert all(ref.side == "decoder" for ref in admin.sublayers())
+
+    base = lm_config("post", layers=3, init="xavier")
+    base.model.dropout = 0.1
+    base.init = init_schemes.options_for("admin")  # the same residual (omega vectors), Xavier fill
+    replay = build(base)
+    torch.manual_seed(3)
+    fairseq_xavier(replay, base)  # admin's fill, drawing what it drew
+    replay.after_init()
+    for (name, a), (_, b) in zip(admin.state_dict().items(), replay.state_dict().items()):
+        if not name.endswith("omega"):
+            assert torch.equal(a, b), name
+    measured, handles = [], []
+    for ref in replay.sublayers():
+        with torch.no_grad():
+            ref.module.omega.fill_(omegas[ref.name])
+        handles.append(ref.module.register_forward_pre_hook(
+            lambda module, args, ref=ref: measured.append({"ref": ref, "x": args[0].detach()})))
+        handles.append(ref.module.post_norm.register_forward_pre_hook(
+            lambda module, args: measured[-1].__setitem__("sum", args[0].detach())))
+    replay.train()
+    replay(batch[0])  # the RNG where admin's profiling forward found it: the same dropout masks
+    for h in handles:
+        h.remove()
+    acc = 1.0
+    var = lambda t: float(t.double().flatten().var(unbiased=False))  # noqa: E731
+    for m in measured:
+        name = m["ref"].name
+        assert math.isclose(omegas[name], acc, rel_tol=1e-5), name
+        shortcut = m["x"] * omegas[name]
+        acc = math.sqrt(var(shortcut) + var(m["sum"] - shortcut))
+    assert omegas[measured[0]["ref"].name] == 1.0 and all(v > 1.0 for v in list(omegas.values())[1:])

@@ -74,6 +74,11 @@ def test_sample_prints_a_continuation_of_the_prompt(tmp_path, capsys):
     (["task=lm", "init=tfixup"], "init=tfixup has no rule for task=lm"),
     (["task=lm", "trainer.final_bleu=true"], "trainer.final_bleu=true: BLEU scores translations"),
     (["task=lm", "data.block_size=2048"], "data.block_size=2048 is longer than model.max_positions"),
+    # keys of a stack the LM does not have: refused before any per-stack rule speaks of two stacks
+    (["task=lm", "norm.encoder_placement=pre"], "norm.encoder_placement=pre: task=lm's model has one stack"),
+    (["task=lm", "model.encoder_layers=6"], "model.encoder_layers=6: task=lm's model has one stack"),
+    (["task=lm", "init=deepnorm", "norm=post", "norm.encoder_placement=pre"],
+     "norm.encoder_placement=pre: task=lm's model has one stack"),
 ])
 def test_combinations_the_task_does_not_define_are_one_line_errors(overrides, expected):
     with pytest.raises(ConfigError) as err:
