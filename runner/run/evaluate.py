@@ -58,14 +58,15 @@ def load_eval_data(cfg, split: str):
     return data
 
 
-def check_dictionaries(run_dir: Path, src_dict, tgt_dict) -> None:
-    """A rebuilt vocabulary of the same size but other words would decode silently wrong:
-    compare it with the one the run saved (dict.src.txt / dict.tgt.txt) when present."""
+def check_dictionaries(run_dir: Path, src_dict, tgt_dict, error: type[ValueError] = EvalError) -> None:
+    """A rebuilt vocabulary of the same size but other words would decode (or resume training)
+    silently wrong: compare it with the one the run saved (dict.src.txt / dict.tgt.txt) when
+    present; `error` is the one-line error the caller's command reports."""
     for side, rebuilt in (("src", src_dict), ("tgt", tgt_dict)):
         saved_path = run_dir / f"dict.{side}.txt"
         if saved_path.is_file() and Dictionary.load(saved_path).symbols != rebuilt.symbols:
-            raise EvalError(f"the data changed since training: its vocabulary differs from "
-                            f"{saved_path} (rebuild the corpus as it was, or retrain)")
+            raise error(f"the data changed since training: its vocabulary differs from "
+                        f"{saved_path} (rebuild the corpus as it was, or retrain)")
 
 
 # ----------------------------------------------------------------------------- deepinit eval

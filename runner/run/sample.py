@@ -28,11 +28,25 @@ class SampleError(ValueError):
     """Bad input to `deepinit sample`: reported as one line, exit 2."""
 
 
-def save_vocab(run_dir: Path, vocab: CharVocab | BPEVocab, unit: str) -> None:
+def vocab_record(vocab: CharVocab | BPEVocab, unit: str) -> dict:
+    """What vocab.json holds for this vocabulary."""
     if isinstance(vocab, BPEVocab):
-        folder.write_json(run_dir / VOCAB_FILE, {"unit": unit, "bpe": json.loads(vocab.json)})
-    else:
-        folder.write_json(run_dir / VOCAB_FILE, {"unit": unit, "chars": vocab.chars})
+        return {"unit": unit, "bpe": json.loads(vocab.json)}
+    return {"unit": unit, "chars": vocab.chars}
+
+
+def save_vocab(run_dir: Path, vocab: CharVocab | BPEVocab, unit: str) -> None:
+    folder.write_json(run_dir / VOCAB_FILE, vocab_record(vocab, unit))
+
+
+def check_saved_vocab(run_dir: Path, vocab: CharVocab | BPEVocab, unit: str) -> None:
+    """A resumed task=lm run must read its corpus with the vocabulary it trained with: data=text
+    learns its BPE from the folder afresh on every start, so a changed folder would give other
+    token ids under the same checkpoint. One line (CorpusError) when they differ."""
+    path = run_dir / VOCAB_FILE
+    if path.is_file() and json.loads(path.read_text()) != json.loads(json.dumps(vocab_record(vocab, unit))):
+        raise CorpusError(f"the corpus changed since this run started: its vocabulary differs from {path} "
+                          "(resume with the same files, or start a new run folder)")
 
 
 def load_vocab(run_dir: Path) -> CharVocab | BPEVocab:

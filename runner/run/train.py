@@ -25,13 +25,14 @@ from omegaconf import OmegaConf
 
 from runner.config import Config, ConfigError, config_from_dict, is_resolved
 from runner.console import Overview, console, file_log, log, overview_text, print_summary, progress_lines
+from runner.data.corpus import CorpusError
 from runner.data.lm import bits_key
 from runner.init import options_class
 from runner.model.sublayer import norm_options_class
 from runner.run import folder, loggers
 from runner.run.build import RunParts, build_run, check_config, resolve_device
-from runner.run.evaluate import final_scores, split_bleu
-from runner.run.sample import save_vocab
+from runner.run.evaluate import check_dictionaries, final_scores, split_bleu
+from runner.run.sample import check_saved_vocab, save_vocab
 from runner.run.status import OK, run_status
 from runner.run.telemetry import Telemetry
 from runner.train.lm_loop import LMTrainer
@@ -245,6 +246,11 @@ def train(cfg, run_dir: Path) -> dict:
         callbacks.append(telemetry)
     trainer = (LMTrainer if cfg.task == "lm" else Trainer)(parts, callbacks, valid_bleu=valid_bleu)
     if resume:
+        # the data is rebuilt on every start: it must give the vocabulary the checkpoint learned
+        if cfg.task == "lm":
+            check_saved_vocab(run_dir, parts.data.vocab, parts.data.unit)
+        else:
+            check_dictionaries(run_dir, parts.data.src_dict, parts.data.tgt_dict, CorpusError)
         trainer.load_state_dict(folder.load_checkpoint(last, map_location=parts.device))
         log.info("resumed from %s at update %d", last, trainer.state.step)
     elif main:

@@ -179,9 +179,15 @@ def blow_up_note(cells: Sequence[SuiteCell]) -> str:
     causes = [blow_up_cause(c.record, load_preset_value(c, "trainer.divergence.loss_bound")) for c in diverged]
     counts = ", ".join(f"{causes.count(k)} {k}" for k in ("at initialization", "during training", "unknown")
                        if causes.count(k))
+    losses = []
+    for key, words in (("initial_loss", "the loss at update 0"), ("first_logged_loss", "at the first logged update")):
+        values = [float(c.record[key]) for c in diverged if _float_or_none(c.record.get(key)) is not None]
+        if values:
+            losses.append(f"{words} {min(values):.3g}" + (f" to {max(values):.3g}" if len(values) > 1 else ""))
     return (f"Diverged cells by when they blew up (the loss at update 0 against the divergence bound): {counts}"
-            + ("; unknown: a record without the loss at update 0 (trained before it was recorded)."
-               if "unknown" in causes else "."))
+            + ("; unknown: a record without the loss at update 0 (trained before it was recorded)"
+               if "unknown" in causes else "")
+            + (f". Their training losses: {', '.join(losses)} nats." if losses else "."))
 
 
 def stop_note(cells: Sequence[SuiteCell], rule_set: bool = False) -> str:

@@ -141,3 +141,25 @@ def test_an_lm_summary_shows_tokens_seen_and_translation_keeps_epochs():
     translation = rendered({**base, "epochs": 3})
     assert "updates / epochs" in translation and "2000 / 3" in translation
     assert "target tokens/s" in translation and "target tokens/s" not in lm
+
+
+def test_resuming_after_the_folder_changed_is_one_line_not_other_token_ids(tmp_path):
+    """data=text learns its BPE afresh on every start: a resumed run whose folder changed would
+    train its checkpoint on other token ids. It is refused in one line, exit 2; the unchanged
+    folder resumes."""
+    from runner.run.train import train
+
+    corpus, run = tmp_path / "corpus", tmp_path / "run"
+    write_corpus(corpus)
+    first = train(compose([*TINY_TEXT, f"data.dir={corpus}", "trainer.max_updates=6"]), run)
+    assert first["status"] == "ok" and (run / "checkpoint_last.pt").is_file()
+    (run / "result.json").unlink()  # not finished: the next start resumes from the checkpoint
+    write_corpus(corpus, seed=1)  # other lines, so another BPE
+    args = ["train", *TINY_TEXT, f"data.dir={corpus}", f"hydra.run.dir={run}"]
+    proc = run_cli_here(args, cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "the corpus changed since this run started" in lines[0] and "vocab.json" in lines[0]
+    write_corpus(corpus)  # as it was: the run resumes and finishes
+    resumed = train(compose([*TINY_TEXT, f"data.dir={corpus}"]), run)
+    assert resumed["status"] == "ok" and resumed["updates"] == 12 and resumed["resumed"]

@@ -287,11 +287,14 @@ def test_reports_say_when_diverged_cells_blew_up_and_where_the_stopping_rule_end
     def cell(seed, record):
         return suite.SuiteCell(["+sweep=reproduce_tfixup_depth_real"], [], {"init": "xavier"}, seed, record)
 
-    cells = [cell(1, {"status": "diverged", "initial_loss": 302.0}),
-             cell(2, {"status": "diverged", "initial_loss": 9.1}),
-             cell(3, {"status": "diverged"}), cell(4, {"status": "ok"})]
+    cells = [cell(1, {"status": "diverged", "initial_loss": 302.0, "first_logged_loss": 4.1e8}),
+             cell(2, {"status": "diverged", "initial_loss": 9.1, "first_logged_loss": 55.0}),
+             cell(3, {"status": "diverged"}), cell(4, {"status": "ok", "initial_loss": 1.0})]
     note = blow_up_note(cells)  # the preset's divergence bound is 10 nats
     assert "1 at initialization, 1 during training, 1 unknown" in note
+    # the ranges over the diverged cells that have the losses (not the ok cell's)
+    assert note.endswith("Their training losses: the loss at update 0 9.1 to 302, at the first logged "
+                         "update 55 to 4.1e+08 nats.")
     assert blow_up_note(cells[3:]) == ""
     runs = [cell(1, {"status": "ok", "stopped_early": True, "stop_update": 6250, "early_stop": {"window": 1500}}),
             cell(2, {"status": "ok", "stopped_early": True, "stop_update": 5000, "early_stop": {"window": 1500}}),
