@@ -3,9 +3,12 @@ docs/reproductions.md, docs/performance.md, docs/methods.md or README.md (betwee
 `<!-- results: PATH -->` and `<!-- /results -->`) is compared, at the precision the doc prints,
 with what the code renders now from the committed records that results/PATH comes from: a
 table cell with the rendered cell of the same row and column, number by number; a number in
-prose with the numbers of the rendered source (tests/docs_numbers.py says how). Measured
-numbers appear in the docs only inside such blocks; the rest of the page states options,
-recipes and the papers' numbers."""
+prose with the numbers of the rendered source (tests/docs_numbers.py says how): a prose number
+passes when any number of the source agrees with it at its printed precision, so a changed digit
+that happens to give another number of the same source is not caught. Measured numbers belong
+inside such blocks; outside them the pages state options, recipes, the papers' numbers, a
+statistic's arithmetic (a t or F quantile) and a few values of a suite measured before its
+added seeds, which its records as they are no longer render."""
 from __future__ import annotations
 
 import pytest

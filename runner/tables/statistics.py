@@ -1,16 +1,16 @@
 """Statistics over seeds: intervals of a mean and of paired differences, the tests the rule book
 decides claims by, and their power (runner/tables/rulebook.py says which applies where).
 
-Every function is checked against scipy.stats on hand-made values (tests/tables/test_rulebook.py,
-tests/tables/test_evidence.py). Holm's correction, the F-test of a variance ratio and the TOST are
-written here from scipy's distributions: scipy.stats offers the distributions, not these tests,
-and statsmodels would be a large dependency for these few lines.
+The tests (tests/tables/test_rulebook.py, tests/tables/test_evidence.py) check each function on
+hand-made values against scipy.stats called directly, or, for Holm's correction, which scipy does
+not offer, against values worked by hand from its definition. Holm's correction, the F-test of a
+variance ratio and the TOST are written here from scipy's distributions: scipy.stats offers the
+distributions, not these tests, and statsmodels would be a large dependency for these few lines.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -181,20 +181,15 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: flo
 
 
 def sign_test(wins: int, losses: int) -> float:
-    """Exact two-sided sign test p-value of `wins` against `losses` under Binomial(wins + losses, 1/2).
-
-    p = min(1, 2 * P(X >= max(wins, losses))) (Conover 1999, sec. 3.4); ties are excluded by the
-    caller. 1.0 when wins + losses == 0 (no evidence either way).
-    """
+    """Exact two-sided sign test p-value of `wins` against `losses` under Binomial(wins + losses, 1/2)
+    (Conover 1999, sec. 3.4; scipy.stats.binomtest): min(1, 2 * P(X >= max(wins, losses))), the
+    binomial being symmetric. Ties are excluded by the caller. 1.0 when wins + losses == 0 (no
+    evidence either way)."""
     if wins < 0 or losses < 0:
         raise ValueError(f"wins and losses must be >= 0, got {wins}, {losses}")
-    n = wins + losses
-    if n == 0:
+    if wins + losses == 0:
         return 1.0
-    k = max(wins, losses)
-    # Exact rational arithmetic: no rounding in the tail sum, however many pairs.
-    tail = Fraction(sum(math.comb(n, i) for i in range(k, n + 1)), 2**n)
-    return float(min(Fraction(1), 2 * tail))
+    return float(stats.binomtest(wins, wins + losses, 0.5, alternative="two-sided").pvalue)
 
 
 def tost_paired(diffs: Sequence[float], margin: float) -> float:

@@ -13,6 +13,7 @@ import math
 import statistics
 
 import pytest
+from scipy import stats
 
 from runner.tables.claims import Claim, Record, claim_from_dict
 from runner.tables.evidence import judge
@@ -88,6 +89,8 @@ def test_sign_test_hand_values():
     assert sign_test(7, 1) == pytest.approx(0.0703125)
     assert sign_test(0, 0) == 1.0
     assert sign_test(1, 0) == 1.0  # 2 * 0.5 = 1
+    for wins, losses in ((9, 2), (3, 0), (12, 20)):  # and scipy's exact binomial test
+        assert sign_test(wins, losses) == pytest.approx(stats.binomtest(wins, wins + losses, 0.5).pvalue, rel=1e-12)
 
 
 def test_paired_difference_uses_only_common_seeds():
