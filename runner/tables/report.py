@@ -259,26 +259,43 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
         seen.add((str(claim.a), str(claim.b)))
         (wa, curves_a), (wb, curves_b) = arms
         seeds = sorted(set(curves_a) & set(curves_b))
-        common = set.intersection(*[{step - wa for step in curves_a[s]} & {step - wb for step in curves_b[s]}
-                                    for s in seeds]) if seeds else set()
-        if not common:
+        if not seeds:
             continue
-        after = max(common)
-        a = {s: curves_a[s][after + wa] for s in seeds}
-        b = {s: curves_b[s][after + wb] for s in seeds}
+        # the updates after warmup at which every seed of an arm was validated
+        offsets_a = set.intersection(*[{step - wa for step in curves_a[s] if step >= wa} for s in seeds])
+        offsets_b = set.intersection(*[{step - wb for step in curves_b[s] if step >= wb} for s in seeds])
+        if not offsets_a or not offsets_b:
+            continue
+        # the last point both arms were validated at; where their validations never line up (a
+        # warmup that is no multiple of the validation interval), each arm's last validation by
+        # the last point both reach
+        horizon = min(max(offsets_a), max(offsets_b))
+        if offsets_a & offsets_b:
+            after_a = after_b = max(offsets_a & offsets_b)
+        elif min(offsets_a) <= horizon and min(offsets_b) <= horizon:
+            after_a = max(o for o in offsets_a if o <= horizon)
+            after_b = max(o for o in offsets_b if o <= horizon)
+        else:
+            continue
+        a = {s: curves_a[s][after_a + wa] for s in seeds}
+        b = {s: curves_b[s][after_b + wb] for s in seeds}
         diff = paired_difference(a, b)
         each = ", ".join(f"seed {s} {a[s] - b[s]:+.3f}" for s in seeds)
         interval = ("" if diff.std is None else
                     f" [95% paired t {diff.ci_low:+.3f}, {diff.ci_high:+.3f}]")
+        at = (f"at {after_a:,} updates after warmup" if after_a == after_b else
+              f"at {after_a:,} and {after_b:,} updates after warmup (each arm's last validation by "
+              f"{horizon:,}: their validations do not line up)")
         lines.append(f"- {selector_label(claim.a)} - {selector_label(claim.b)}: {diff.mean:+.3f}{interval} "
-                     f"at {after:,} updates after warmup (updates {after + wa:,} and {after + wb:,}), "
+                     f"{at} (updates {after_a + wa:,} and {after_b + wb:,}), "
                      f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({each})")
     if not lines:
         return ""
     return "\n".join(["Equal updates after warmup: the validation loss (nats; lower is better) of each "
                       "pair of arms a claim compares whose warmups differ, each at the same number of "
                       "updates after its own warmup, paired by seed (the seeds the means average), at "
-                      "the last validation every pair has:", *lines])
+                      "the last validation every pair has (where the validations do not line up, each "
+                      "arm's last one by the point both reach, so neither arm gets more updates):", *lines])
 
 
 def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
@@ -288,7 +305,7 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
     signature = signature_note(done)  # the sacreBLEU column's true signature
     stops = bool((load_preset(preset).get("trainer") or {}).get("early_stop"))
     stopped = stop_note(cells, stops)
-    after_warmup = equal_updates_after_warmup(preset, cells) if stops else ""
+    after_warmup = equal_updates_after_warmup(preset, cells)  # "" where no claim compares such arms
     header = ["arm", *arm_columns(last), "GPU min" if gpu else "CPU min", *(("s/update", "peak MiB") if gpu else ())]
     lines = [f"# {title}: real-data tier{' on a GPU' if gpu else ''}", "",
              f"Preset `sweeps/{preset}.yaml`; {len(done)} of {len(cells)} cells have a record. "

@@ -782,3 +782,26 @@ def test_the_reason_for_a_verdict_v4_changed_names_both_rules():
     flipped = _recs(A, a, status="collapsed") + _recs(B, b)
     old, new = judge(_better("c", A, B), flipped, 3), judge(_better("c", A, B), flipped, 4)
     assert "the exact sign test over 3 pairs, 3 decided by a blown-up cell (p=1)" in change_reason_v3(old, new)
+
+
+def test_equal_updates_after_warmup_when_the_validations_never_line_up():
+    """table2 validates every 200 updates and warms Pre-LN up for 500: Pre-LN's points after
+    warmup are 100, 300, ..., 1,500 and T-Fixup's 200, ..., 2,000, which never coincide. Each
+    arm is then read at its last validation by 1,500, the last point both reach: T-Fixup at 1,400
+    (update 1,400), Pre-LN at 1,500 (update 2,000), so T-Fixup gets no more updates than Pre-LN."""
+    from runner.tables import suite
+    from runner.tables.report import equal_updates_after_warmup
+
+    cells = suite.plan("reproduce_table2_real")
+    loss = {"tfixup": lambda u: 3.0 + 100.0 / u, "pre_ln": lambda u: 3.2 + 100.0 / u}
+    for c in cells:
+        method = c.arm.get("method")
+        if method in loss and c.seed <= 3:
+            c.record = {"status": "ok", "bleu": 30.0, "best_valid_loss": 3.0,
+                        "valid_curve": [[u, loss[method](u) + 0.01 * c.seed] for u in range(200, 2001, 200)]}
+    text = equal_updates_after_warmup("reproduce_table2_real", cells)
+    line = [x for x in text.splitlines() if x.startswith("- method=tfixup")][0]
+    expected = (3.0 + 100.0 / 1400) - (3.2 + 100.0 / 2000)
+    assert f": {expected:+.3f} [95% paired t" in line
+    assert ("at 1,400 and 1,500 updates after warmup (each arm's last validation by 1,500: their "
+            "validations do not line up) (updates 1,400 and 2,000), 3 seeds") in line
