@@ -25,7 +25,8 @@ from runner.data.prepare import (
 )
 
 PREPARED = ("iwslt14", "multi30k", "wmt14-en-de")  # the corpora `data prepare` knows
-CORPORA_HELP = "corpora:\n" + "\n".join(f"  {name:<12} {c.about}" for name, c in CORPORA.items())
+_NAME_WIDTH = max(len(name) for name in CORPORA)
+CORPORA_HELP = "corpora:\n" + "\n".join(f"  {name:<{_NAME_WIDTH}}  {c.about}" for name, c in CORPORA.items())
 WHERE_HELP = (f"Downloads go to DATA_ROOT/{DOWNLOADS_FOLDER}/NAME, where DATA_ROOT is $DEEPINIT_DATA_ROOT,\n"
               "else $XDG_CACHE_HOME/deepinit/data (~/.cache/deepinit/data); see docs/data.md.")
 
@@ -83,7 +84,10 @@ def main_download(argv: Sequence[str]) -> int:
         console.print(f"prepare it with: deepinit data prepare iwslt14 --raw {folder / 'de-en.tgz'}",
                       highlight=False)
     elif args.corpus == "tinyshakespeare":
-        console.print("train on it with: deepinit train task=lm data=shakespeare_char", highlight=False)
+        # data=shakespeare_char finds the default download folder itself; another needs data.dir
+        where = f" data.dir={folder}" if args.dir else ""
+        console.print(f"train on it with: deepinit train task=lm data=shakespeare_char{where}",
+                      highlight=False, soft_wrap=True)
     else:
         console.print(f"prepare it with: deepinit data prepare wmt14-en-de --raw {folder}", highlight=False)
     return 0

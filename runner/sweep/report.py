@@ -48,7 +48,9 @@ from runner.sweep.plan import parse_overrides
 # Statuses: runner/run/status.py. A report reads folders only, so a cell is never "queued" here;
 # stalled and failed cells are shown like divergences (UNTRAINED).
 # metric name -> True when larger is better
-METRICS = {"best_valid_loss": False, "valid_loss": False, "train_loss": False, "bleu": True}
+METRICS = {"best_valid_loss": False, "valid_loss": False, "train_loss": False, "bleu": True,
+           # task=lm's result.json (runner/run/train.py): bits per character or per token, perplexity
+           "best_valid_bpc": False, "best_valid_bpt": False, "valid_ppl": False}
 
 
 @dataclass

@@ -5,6 +5,7 @@ after a cut connection, SHA-256 mismatch, 404, an unreachable host, unsafe archi
 import gzip
 import json
 import os
+import re
 import socket
 import zipfile
 from pathlib import Path
@@ -255,3 +256,6 @@ def test_help_lists_the_corpora(capsys):
     assert main_data(["download", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--mirror URL" in out and "wmt14-en-de" in out and "DATA_ROOT/downloads/NAME" in out
+    # one column of names, the longest included, then the descriptions in one column
+    rows = [line for line in out.splitlines()[out.splitlines().index("corpora:") + 1:] if line.strip()]
+    assert {re.match(r"  \S+\s+", line).end() for line in rows} == {len("  tinyshakespeare  ")}

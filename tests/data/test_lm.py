@@ -95,7 +95,7 @@ def test_unigram_nll_is_the_add_one_unigram_cross_entropy():
 
 
 @needs_shakespeare
-def test_download_fetches_the_corpus_and_the_loader_finds_it(tmp_path, monkeypatch):
+def test_download_fetches_the_corpus_and_the_loader_finds_it(tmp_path, monkeypatch, capsys):
     """`deepinit data download tinyshakespeare` (served from 127.0.0.1) puts input.txt where
     data=shakespeare_char looks when data.dir is unset."""
     from runner.cli import main as deepinit_main
@@ -109,10 +109,19 @@ def test_download_fetches_the_corpus_and_the_loader_finds_it(tmp_path, monkeypat
         with pytest.raises(SystemExit) as done:
             deepinit_main(["data", "download", "tinyshakespeare", "--no-progress"])
         assert done.value.code == 0
+        # the closing hint is a command that finds it: no data.dir for the default folder...
+        assert capsys.readouterr().out.rstrip().endswith("deepinit train task=lm data=shakespeare_char")
+        elsewhere = tmp_path / "elsewhere"
+        with pytest.raises(SystemExit) as done:
+            deepinit_main(["data", "download", "tinyshakespeare", "--no-progress", "--dir", str(elsewhere)])
+        # ...and the folder for another
+        hint = capsys.readouterr().out.rstrip().splitlines()[-1]
+        assert done.value.code == 0 and hint.endswith(f"data=shakespeare_char data.dir={elsewhere}")
     finally:
         server.close()
     assert (tmp_path / "root" / "downloads" / "tinyshakespeare" / "input.txt").read_bytes() == text
     assert len(load_shakespeare_char(data_cfg()).vocab) == 65
+    assert len(load_shakespeare_char(data_cfg(str(elsewhere))).vocab) == 65
 
 
 def test_download_entry_carries_the_corpus_checksum():

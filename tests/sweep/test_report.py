@@ -168,3 +168,15 @@ def test_every_preset_cell_composes_and_validates(preset, cells):
     if preset == "ultradeep":
         assert (cfg.init.name, cfg.norm.placement, cfg.model.dim, cfg.model.layers) == \
             ("tfixup", "none", 64, 200)
+
+
+def test_task_lm_metrics_rank_lower_first_and_the_command_takes_them(tmp_path, capsys):
+    from runner.sweep.report import METRICS, Cell
+
+    for name in ("best_valid_bpc", "best_valid_bpt", "valid_ppl"):
+        assert METRICS[name] is False  # lower is better
+    cell = Cell(path=None, overrides=[], status="ok", result={"best_valid_bpc": 1.52, "valid_ppl": 3.1})
+    assert cell.value("best_valid_bpc") == 1.52 and cell.value("best_valid_bpt") is None
+    # the option is accepted (argparse would exit on an unknown choice); the folder is then missing
+    assert main_report([str(tmp_path / "none"), "--metric", "best_valid_bpc"]) == 2
+    assert capsys.readouterr().out.startswith("deepinit report:")
