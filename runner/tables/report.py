@@ -181,9 +181,14 @@ def blow_up_note(cells: Sequence[SuiteCell]) -> str:
                        if causes.count(k))
     losses = []
     for key, words in (("initial_loss", "the loss at update 0"), ("first_logged_loss", "at the first logged update")):
-        values = [float(c.record[key]) for c in diverged if _float_or_none(c.record.get(key)) is not None]
+        recorded = [_float_or_none(c.record.get(key)) for c in diverged]
+        values = [v for v in recorded if v is not None and math.isfinite(v)]
+        not_finite = sum(v is not None and not math.isfinite(v) for v in recorded)
         if values:
-            losses.append(f"{words} {min(values):.3g}" + (f" to {max(values):.3g}" if len(values) > 1 else ""))
+            losses.append(f"{words} {min(values):.3g}" + (f" to {max(values):.3g}" if len(values) > 1 else "")
+                          + (f" ({not_finite} not finite)" if not_finite else ""))
+        elif not_finite:
+            losses.append(f"{words} not finite in {not_finite}")
     return (f"Diverged cells by when they blew up (the loss at update 0 against the divergence bound): {counts}"
             + ("; unknown: a record without the loss at update 0 (trained before it was recorded)"
                if "unknown" in causes else "")

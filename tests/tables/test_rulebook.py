@@ -296,6 +296,8 @@ def test_reports_say_when_diverged_cells_blew_up_and_where_the_stopping_rule_end
     assert note.endswith("Their training losses: the loss at update 0 9.1 to 302, at the first logged "
                          "update 55 to 4.1e+08 nats.")
     assert blow_up_note(cells[3:]) == ""
+    cells[1].record["first_logged_loss"] = float("nan")  # a NaN is counted, not ranged
+    assert blow_up_note(cells).endswith("at the first logged update 4.1e+08 (1 not finite) nats.")
     runs = [cell(1, {"status": "ok", "stopped_early": True, "stop_update": 6250, "early_stop": {"window": 1500}}),
             cell(2, {"status": "ok", "stopped_early": True, "stop_update": 5000, "early_stop": {"window": 1500}}),
             cell(3, {"status": "ok", "stopped_early": False, "stop_update": None, "early_stop": {"window": 1500}})]
