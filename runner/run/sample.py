@@ -39,12 +39,23 @@ def save_vocab(run_dir: Path, vocab: CharVocab | BPEVocab, unit: str) -> None:
     folder.write_json(run_dir / VOCAB_FILE, vocab_record(vocab, unit))
 
 
+def _identity(record: dict) -> tuple:
+    """What decides a vocabulary's token ids: the characters, or the BPE's token -> id map and its
+    merges in order (merges as pairs: `tokenizers` writes them as "a b" strings or as [a, b] lists
+    by version, so a library upgrade between start and resume changes the JSON, not the ids)."""
+    if "bpe" not in record:
+        return ("chars", tuple(record["chars"]))
+    model = record["bpe"]["model"]
+    merges = tuple(tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges") or [])
+    return ("bpe", tuple(sorted(model["vocab"].items())), merges)
+
+
 def check_saved_vocab(run_dir: Path, vocab: CharVocab | BPEVocab, unit: str) -> None:
     """A resumed task=lm run must read its corpus with the vocabulary it trained with: data=text
     learns its BPE from the folder afresh on every start, so a changed folder would give other
     token ids under the same checkpoint. One line (CorpusError) when they differ."""
     path = run_dir / VOCAB_FILE
-    if path.is_file() and json.loads(path.read_text()) != json.loads(json.dumps(vocab_record(vocab, unit))):
+    if path.is_file() and _identity(json.loads(path.read_text())) != _identity(vocab_record(vocab, unit)):
         raise CorpusError(f"the corpus changed since this run started: its vocabulary differs from {path} "
                           "(resume with the same files, or start a new run folder)")
 

@@ -22,7 +22,7 @@ Statistics
     Which rules apply is the rule book's (runner/tables/rulebook.py): `judge` and `judge_all` take its
     version; the records' statuses carry its outcomes (ok = trained, diverged, collapsed, stalled,
     below_bar, failed). What follows is version 2, with version 1's differences in brackets and
-    version 3's in "[v3: ...]".
+    versions 3's and 4's in "[v3: ...]" and "[v4: ...]".
 
 Decision rules (`judge`)
     Selectors: a claim's `a` and `b` select records whose arm contains every key/value of the
@@ -92,6 +92,11 @@ Decision rules (`judge`)
           not reproduced when the reverse test's p < 0.025 (the t path's one-sided level),
           "underpowered" when even every pair favouring A would leave the Holm-corrected p at or
           above alpha, the family's other p-values as they are (a waiting member at 0).]
+          [v4 (current): step 1 settles nothing. The pairs whose cells trained, stalled or fell
+          below the BLEU bar enter step 2 with their recorded metric; a pair with a cell that
+          diverged or collapsed (no final value) is decided by outcome, the cell that blew up
+          losing (both: a tie), and the claim then goes to v3's sign test over every pair, the
+          others by the sign of their difference.]
        Measured: the mean difference with its paired-t interval, every seed's difference, p (and
        Holm's p), the detectable effect and the seeds the paper's effect would need.
 
@@ -516,7 +521,8 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
         diffs = _ok_diffs(claim, pairs)
         details["paired"] = len(diffs)
     if len(diffs) < 2:
-        measured = f"{claim.metric}: only {len(diffs)} paired ok seed(s) with the metric, need 2{suffix}"
+        which = "paired seed(s)" if book.not_trained_pairs == "test" else "paired ok seed(s)"
+        measured = f"{claim.metric}: only {len(diffs)} {which} with the metric, need 2{suffix}"
         return Verdict(claim, "inconclusive", measured, details)
     values = [d for _, d in diffs]
     favour = sum(d > 0 for d in values)
@@ -590,7 +596,9 @@ def _judge_better_by_outcome(claim: Claim, diffs: Sequence[tuple[int, float]],
     untied = wins + losses
     p = float(stats.binomtest(wins, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
     p_reverse = float(stats.binomtest(losses, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
-    best_p = 0.5 ** len(scores)  # every pair favouring A
+    # every pair that could favour A doing so (a pair where both blew up is a tie by its outcome)
+    open_pairs = len(scores) - sum(score == 0.0 for _, score, _ in by_outcome)
+    best_p = 0.5 ** open_pairs if open_pairs else 1.0
     words = {seed: w for seed, _, w in by_outcome}
     listed = ", ".join(f"seed {seed} {words[seed]}" if seed in words else f"seed {seed} {_signed(d + 0.0)}"
                        for seed, d in scores)
@@ -600,7 +608,7 @@ def _judge_better_by_outcome(claim: Claim, diffs: Sequence[tuple[int, float]],
                     "diffs": {str(seed): d for seed, d in scores}})
     measured = (f"{head} {claim.metric} over {len(scores)} paired seeds{lower}, a pair with a blown-up cell "
                 f"decided by outcome ({listed}): {wins} favour A, {losses} favour B, {len(scores) - untied} "
-                f"tied; one-sided sign test p={p:.3g}; the smallest p {len(scores)} pairs can give: "
+                f"tied; one-sided sign test p={p:.3g}; the smallest p {open_pairs} pairs that could favour A can give: "
                 f"{best_p:.3g}{suffix}")
     return Verdict(claim, _better_verdict(details, p, book), measured, details)
 

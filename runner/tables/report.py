@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -277,11 +277,12 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
         horizon = min(max(offsets_a), max(offsets_b))
         if offsets_a & offsets_b:
             after_a = after_b = max(offsets_a & offsets_b)
-        elif min(offsets_a) <= horizon and min(offsets_b) <= horizon:
-            after_a = max(o for o in offsets_a if o <= horizon)
-            after_b = max(o for o in offsets_b if o <= horizon)
-        else:
-            continue
+        else:  # B at its last validation by the horizon, A (the claim's arm) at its last by B's:
+            # A never gets more updates after warmup than B, against the claim
+            after_b = max((o for o in offsets_b if o <= horizon), default=None)
+            after_a = max((o for o in offsets_a if after_b is not None and o <= after_b), default=None)
+            if after_a is None or after_b is None:
+                continue
         a = {s: curves_a[s][after_a + wa] for s in seeds}
         b = {s: curves_b[s][after_b + wb] for s in seeds}
         diff = paired_difference(a, b)
@@ -289,8 +290,8 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
         interval = ("" if diff.std is None else
                     f" [95% paired t {diff.ci_low:+.3f}, {diff.ci_high:+.3f}]")
         at = (f"at {after_a:,} updates after warmup" if after_a == after_b else
-              f"at {after_a:,} and {after_b:,} updates after warmup (each arm's last validation by "
-              f"{horizon:,}: their validations do not line up)")
+              f"at {after_a:,} and {after_b:,} updates after warmup (their validations never line up: "
+              f"each arm's last validation by {after_b:,}, so A has no more updates than B)")
         lines.append(f"- {selector_label(claim.a)} - {selector_label(claim.b)}: {diff.mean:+.3f}{interval} "
                      f"{at} (updates {after_a + wa:,} and {after_b + wb:,}), "
                      f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({each})")
@@ -299,8 +300,9 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
     return "\n".join(["Equal updates after warmup: the validation loss (nats; lower is better) of each "
                       "pair of arms a claim compares whose warmups differ, each at the same number of "
                       "updates after its own warmup, paired by seed (the seeds the means average), at "
-                      "the last validation every pair has (where the validations do not line up, each "
-                      "arm's last one by the point both reach, so neither arm gets more updates):", *lines])
+                      "the last validation every pair has (where the validations never line up, B at "
+                      "its last one by the last point both reach and A, the claim's arm, at its last "
+                      "one by B's; the line gives each arm's updates):", *lines])
 
 
 def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tier: str = "real") -> str:
@@ -393,53 +395,86 @@ def change_reason(old: Verdict, new: Verdict) -> str:
                     + (" and the claim's own BLEU bar)" if new.claim.min_bleu is not None else ")"))
         return prefix + "v2 applies one BLEU bar and the collapse rule to every suite, in place of the claim's own bar."
     if kind == "better":
-        if "p" in d:
-            p = d.get("p_holm", d["p"])
-            n = d.get("paired")
-            # a percentile bootstrap of 2 or 3 values is their range (rulebook.py, v1)
-            interval = (f", which with {n} seeds is their range" if n is not None and n <= 3
-                        else f" of the {n} paired differences")
-            return (prefix + f"v1 read the 95% percentile bootstrap interval{interval}; "
-                    f"v{CURRENT}'s one-sided paired t-test gives p={p:.3g}"
-                    + (f" after Holm over {d['family_size']} comparisons" if d.get("family_size", 1) > 1 else "")
-                    + (f", and the paper's effect is below the {d['mde']:.2f} detectable at "
-                       f"{rulebook().power:.0%} power"
-                       if new.verdict == "underpowered" else "") + ".")
-        return prefix + "v2 counts collapsed cells and cells below the BLEU bar as not trained."
+        if "p" not in d:
+            return prefix + _untested_words(d)
+        v1 = ("v1 settled it by counting the cells that did not train, without a test"
+              if "ci_low" not in old.details else _v1_interval_words(d.get("paired")))
+        return prefix + f"{v1}; {_test_words(d)}{_underpowered_words(new)}."
     if kind == "same_best":
         return (prefix + f"v2 also asks each seed's own best to be the shared best; "
                 f"{d.get('seeds_agreeing', 0)} of {len(d.get('per_seed_best', {}))} seeds agree.")
     return prefix + "v2 reads the cells' outcomes under its own definitions."
 
 
+def _v1_interval_words(paired: Optional[int]) -> str:
+    # a percentile bootstrap of 2 or 3 values is their range (rulebook.py, v1)
+    interval = (f", which with {paired} seeds is their range" if paired is not None and paired <= 3
+                else f" of the {paired} paired differences")
+    return f"v1 read the 95% percentile bootstrap interval{interval}"
+
+
+def _test_words(d: Mapping) -> str:
+    """The current rule book's test of a "better" claim (its details `d`), in words."""
+    p = d.get("p_holm", d["p"])
+    holm = f" after Holm over {d['family_size']} comparisons" if d.get("family_size", 1) > 1 else ""
+    if d.get("test") != "sign":
+        return f"v{CURRENT}'s one-sided paired t-test gives p={p:.3g}{holm}"
+    what = (f"{d['by_outcome']} of its {len(d.get('diffs', {}))} pairs decided by a diverged or collapsed cell"
+            if d.get("by_outcome") else f"the counts of its {len(d.get('diffs', {}))} pairs")
+    return f"v{CURRENT}'s exact sign test, over {what}, gives p={p:.3g}{holm}"
+
+
+def _underpowered_words(new: Verdict) -> str:
+    d = new.details
+    if new.verdict != "underpowered":
+        return ""
+    if d.get("test") == "sign":
+        return (f", and even every pair favouring A could not bring it below alpha (smallest p "
+                f"{d.get('best_p_holm', d.get('best_p', 1.0)):.3g})")
+    if d.get("mde") is not None:
+        return (f", and the paper's effect is below the {d['mde']:.2f} detectable at "
+                f"{rulebook().power:.0%} power")
+    return ""
+
+
+def _untested_words(d: Mapping) -> str:
+    return (f"v{CURRENT} has {d.get('paired', 0)} seed pair(s) with a value to test, fewer than 2, "
+            "so it reads no test")
+
+
 def change_reason_v2(old: Verdict, new: Verdict) -> str:
-    """One sentence on why a "better" claim's verdict differs between rule book v2 (`old`) and v3."""
+    """One sentence on why a "better" claim's verdict differs between rule book v2 (`old`) and the
+    current one (v3's changes to families, power and counts; v4's test of claims v2 settled)."""
     d, o = new.details, old.details
     prefix = "(provisional) " if "incomplete" in (new.verdict, old.verdict) else ""
+    if "p" not in d:
+        return prefix + _untested_words(d) + "."
     parts = []
-    if d.get("test") == "sign":
-        parts.append(f"v3 compares the counts by the exact sign test (p={d['p']:.3g}; the smallest p "
-                     f"{len(d.get('diffs', {}))} pairs can give is {d['best_p']:.3g}), v2 by the paired t-test")
+    if "p" not in o:
+        parts.append(f"v2 settled it by counting the cells that did not train, without a test; {_test_words(d)}")
+    elif d.get("test") == "sign":
+        parts.append(f"since v3 counts are compared by the exact sign test (p={d['p']:.3g}; the smallest p "
+                     f"{len(d.get('diffs', {}))} pairs can give is {d['best_p']:.3g}), in v2 by the paired t-test")
     if d.get("family_size") != o.get("family_size"):
-        parts.append(f"v3's Holm family is every planned claim against the baseline ({d.get('family_size')}), "
-                     f"v2's only those that reached a test ({o.get('family_size')})")
+        parts.append(f"since v3 the Holm family is every planned claim against the baseline "
+                     f"({d.get('family_size')}), in v2 only those that reached a test ({o.get('family_size')})")
     if d.get("mde") is not None and o.get("mde") is not None and d["mde"] != o["mde"]:
-        parts.append(f"v3 sizes the detectable effect at alpha over the family ({d['mde']:.2f}), "
-                     f"v2 at alpha ({o['mde']:.2f})")
-    return prefix + ("; ".join(parts) or "v3 changes how a family's claims are corrected and powered") + "."
+        parts.append(f"since v3 the detectable effect is sized at alpha over the family ({d['mde']:.2f}), "
+                     f"in v2 at alpha ({o['mde']:.2f})")
+    return prefix + ("; ".join(parts) or "the rules since v3 correct and power a family's claims differently") + "."
 
 
 def change_reason_v3(old: Verdict, new: Verdict) -> str:
     """One sentence on why a "better" claim's verdict differs between rule book v3 (`old`) and v4."""
     d = new.details
     prefix = "(provisional) " if "incomplete" in (new.verdict, old.verdict) else ""
-    if "p" in old.details or "p" not in d:
-        return (prefix + "v4 tests claims whose arms have cells that did not train, which changes "
-                "the Holm family's p-values.")
-    test = (f"the exact sign test over {d.get('paired')} pairs, {d.get('by_outcome', 0)} decided by a blown-up cell "
-            f"(p={d['p']:.3g})" if d.get("test") == "sign" else f"the paired t-test (p={d['p']:.3g})")
+    if "p" not in d:
+        return prefix + _untested_words(d) + " (v3 settled it by counting the cells that did not train)."
+    if "p" in old.details:
+        return (prefix + "v4 tests claims of its Holm family that v3 settled by counting, which changes "
+                f"this claim's corrected p; {_test_words(d)}.")
     return (prefix + f"v3 settled it by counting the cells that did not train, without a test; "
-            f"v4 decides it by {test}.")
+            f"{_test_words(d)}{_underpowered_words(new)}.")
 
 
 def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],

@@ -270,7 +270,8 @@ def describe(book: RuleBook) -> str:
                "spikes) are compared by the exact sign test." if book.holm_family == "planned" else "")
             + (" Stalled and below-bar cells enter the t-test with their values; a pair with a "
                "diverged or collapsed cell is decided by outcome (the blown-up cell loses) and the "
-               "claim by the exact sign test." if book.not_trained_pairs == "test" else ""))
+               "claim by the exact sign test, which reads \"underpowered\" when even every pair "
+               "favouring A could not reach alpha." if book.not_trained_pairs == "test" else ""))
 
 
 def loss_spikes(curve: Sequence[Sequence[float]], margin: float) -> Optional[int]:

@@ -163,3 +163,21 @@ def test_resuming_after_the_folder_changed_is_one_line_not_other_token_ids(tmp_p
     write_corpus(corpus)  # as it was: the run resumes and finishes
     resumed = train(compose([*TINY_TEXT, f"data.dir={corpus}"]), run)
     assert resumed["status"] == "ok" and resumed["updates"] == 12 and resumed["resumed"]
+
+
+def test_the_resume_check_reads_token_ids_not_the_tokenizer_json_layout(tmp_path):
+    """`tokenizers` writes merges as "a b" strings or [a, b] pairs depending on its version: the
+    same BPE in either layout passes the check, another BPE does not."""
+    from runner.run.sample import VOCAB_FILE, check_saved_vocab, vocab_record
+
+    corpus = tmp_path / "corpus"
+    lines = write_corpus(corpus)
+    vocab = BPEVocab.learn(lines, 40)
+    record = vocab_record(vocab, "token")
+    merges = record["bpe"]["model"]["merges"]
+    other_layout = [m.split(" ") if isinstance(m, str) else " ".join(m) for m in merges]
+    record["bpe"]["model"]["merges"] = other_layout
+    (tmp_path / VOCAB_FILE).write_text(json.dumps(record))
+    check_saved_vocab(tmp_path, vocab, "token")  # same ids: no error
+    with pytest.raises(CorpusError, match="the corpus changed since this run started"):
+        check_saved_vocab(tmp_path, BPEVocab.learn(lines, 20), "token")

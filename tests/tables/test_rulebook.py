@@ -690,7 +690,7 @@ def test_a_report_lists_a_verdict_that_rule_book_v2_read_differently():
     assert judged["admin_beats_pre_ln_with_warmup"].verdict == "underpowered"
     text = render("table2", "Table 2", "reproduce_table2_real", cells)
     line = next(x for x in text.splitlines() if x.startswith("- admin_beats_pre_ln_with_warmup: inconclusive under v2"))
-    assert "underpowered now" in line and "v3 sizes the detectable effect at alpha over the family" in line
+    assert "underpowered now" in line and "since v3 the detectable effect is sized at alpha over the family" in line
 
 
 @pytest.mark.parametrize("paired,words", [(3, "interval, which with 3 seeds is their range;"),
@@ -703,12 +703,15 @@ def test_the_reason_for_a_changed_better_verdict_names_the_v1_interval_truly(pai
 
     claim = Claim(id="a_beats_b", text="A beats B", kind="better", a={"method": "a"}, b={"method": "b"},
                   paper_effect=0.32)
-    old = Verdict(claim, "inconclusive", "")
+    old = Verdict(claim, "inconclusive", "", {"mean_diff": 0.05, "ci_low": -0.2, "ci_high": 0.3})
     new = Verdict(claim, "underpowered", "", {"paired": paired, "p": 0.44, "p_holm": 0.44,
                                               "family_size": 2, "mde": 0.39})
     reason = change_reason(old, new)
     assert words in reason
     assert "p=0.44 after Holm over 2 comparisons" in reason and "0.39 detectable" in reason
+    # v1 settled it by counting (no interval in its details): the sentence says so
+    settled = change_reason(Verdict(claim, "reproduced", "", {"a_bad": 0, "b_bad": 3}), new)
+    assert settled.startswith("v1 settled it by counting the cells that did not train, without a test;")
 
 
 # --------------------------------------------------------------------------- rule book v4
@@ -780,17 +783,19 @@ def test_the_reason_for_a_verdict_v4_changed_names_both_rules():
     assert (old.verdict, new.verdict) == ("reproduced", "inconclusive")
     p = stats.ttest_rel(a, b, alternative="greater").pvalue
     assert change_reason_v3(old, new) == ("v3 settled it by counting the cells that did not train, without "
-                                          f"a test; v4 decides it by the paired t-test (p={p:.3g}).")
+                                          f"a test; v4's one-sided paired t-test gives p={p:.3g}.")
     flipped = _recs(A, a, status="collapsed") + _recs(B, b)
     old, new = judge(_better("c", A, B), flipped, 3), judge(_better("c", A, B), flipped, 4)
-    assert "the exact sign test over 3 pairs, 3 decided by a blown-up cell (p=1)" in change_reason_v3(old, new)
+    assert ("v4's exact sign test, over 3 of its 3 pairs decided by a diverged or collapsed cell, gives p=1"
+            in change_reason_v3(old, new))
 
 
-def test_equal_updates_after_warmup_when_the_validations_never_line_up():
+def test_equal_updates_after_warmup_when_the_validations_never_line_up(monkeypatch):
     """table2 validates every 200 updates and warms Pre-LN up for 500: Pre-LN's points after
-    warmup are 100, 300, ..., 1,500 and T-Fixup's 200, ..., 2,000, which never coincide. Each
-    arm is then read at its last validation by 1,500, the last point both reach: T-Fixup at 1,400
-    (update 1,400), Pre-LN at 1,500 (update 2,000), so T-Fixup gets no more updates than Pre-LN."""
+    warmup are 100, 300, ..., 1,500 and T-Fixup's 200, ..., 2,000, which never coincide. B
+    (Pre-LN) is read at its last validation by 1,500, the last point both reach, and A (T-Fixup,
+    the claim's arm) at its last by B's: 1,400 (update 1,400) against 1,500 (update 2,000). With
+    the arms' roles swapped, A is still the one held back."""
     from runner.tables import suite
     from runner.tables.report import equal_updates_after_warmup
 
@@ -805,5 +810,43 @@ def test_equal_updates_after_warmup_when_the_validations_never_line_up():
     line = [x for x in text.splitlines() if x.startswith("- method=tfixup")][0]
     expected = (3.0 + 100.0 / 1400) - (3.2 + 100.0 / 2000)
     assert f": {expected:+.3f} [95% paired t" in line
-    assert ("at 1,400 and 1,500 updates after warmup (each arm's last validation by 1,500: their "
-            "validations do not line up) (updates 1,400 and 2,000), 3 seeds") in line
+    # a claim that Pre-LN (warmup 500) beats T-Fixup: Pre-LN is A now and gets the fewer updates
+    import runner.tables.report as report_module
+
+    swapped = [Claim(id="x", text="x", kind="better", a={"method": "pre_ln", "warmup.updates": "500"},
+                     b={"method": "tfixup", "warmup.updates": "0"}, metric="best_valid_loss", higher_is_better=False)]
+    monkeypatch.setattr(report_module, "preset_claims", lambda preset: swapped)
+    text = equal_updates_after_warmup("reproduce_table2_real", cells)
+    assert "at 1,300 and 1,400 updates after warmup" in text and "(updates 1,800 and 1,400)" in text
+    assert ("at 1,400 and 1,500 updates after warmup (their validations never line up: each arm's last "
+            "validation by 1,500, so A has no more updates than B) (updates 1,400 and 2,000), 3 seeds") in line
+
+
+def test_a_report_renders_a_verdict_v4_changed_with_its_reasons():
+    """Table 2 with Pre-LN's warmup seed 1 diverged: v1 and v3 settle "T-Fixup beats Pre-LN" by
+    counting (reproduced); v4 decides that pair by outcome, so the 3 pairs go to the sign test,
+    whose smallest p is 1/8: underpowered. The report lists both changes with their reasons."""
+    from runner.tables import suite
+    from runner.tables.report import render
+
+    cells = suite.plan("reproduce_table2_real")
+    for cell in cells:
+        bleu = {"tfixup": 36.0, "admin": 30.0, "pre_ln": 29.5, "post_ln": 20.0}[cell.arm["method"]]
+        cell.record = {"status": "ok", "bleu": bleu + 0.1 * cell.seed + 0.05 * (cell.seed % 2),
+                       "best_valid_loss": 3.0, "valid_loss": 3.0, "valid_unigram_nll": 5.6,
+                       "valid_curve": [[200, 5.0], [2000, 3.0]]}
+        if cell.arm == {"method": "pre_ln", "warmup.updates": "500"} and cell.seed == 1:
+            cell.record.update(status="diverged", bleu=None, initial_loss=9.0, first_logged_loss=40.0)
+    judged = {v.claim.id: v for v in suite.verdicts("reproduce_table2_real", cells)}
+    v3 = {v.claim.id: v for v in suite.verdicts("reproduce_table2_real", cells, version=3)}
+    assert v3["tfixup_beats_pre_ln"].verdict == "reproduced" and "p" not in v3["tfixup_beats_pre_ln"].details
+    new = judged["tfixup_beats_pre_ln"]
+    assert new.verdict == "underpowered" and new.details["test"] == "sign"
+    assert (new.details["wins"], new.details["losses"], new.details["by_outcome"]) == (3, 0, 1)
+    text = render("table2", "Table 2", "reproduce_table2_real", cells)
+    v1_line = next(x for x in text.splitlines() if x.startswith("- tfixup_beats_pre_ln: reproduced under v1"))
+    assert ("v1 settled it by counting the cells that did not train, without a test; v4's exact sign test, "
+            "over 1 of its 3 pairs decided by a diverged or collapsed cell, gives p=") in v1_line
+    assert "even every pair favouring A could not bring it below alpha" in v1_line
+    v3_line = next(x for x in text.splitlines() if x.startswith("- tfixup_beats_pre_ln: reproduced under v3"))
+    assert "v3 settled it by counting the cells that did not train, without a test; v4's exact sign test" in v3_line
