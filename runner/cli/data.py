@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -85,7 +86,7 @@ def main_download(argv: Sequence[str]) -> int:
                       highlight=False)
     elif args.corpus == "tinyshakespeare":
         # data=shakespeare_char finds the default download folder itself; another needs data.dir
-        where = f" data.dir={folder}" if args.dir else ""
+        where = f" data.dir={shlex.quote(str(folder))}" if args.dir else ""
         console.print(f"train on it with: deepinit train task=lm data=shakespeare_char{where}",
                       highlight=False, soft_wrap=True)
     else:
