@@ -378,7 +378,29 @@ def _ddp_worker(rank: int, world: int, port: int, cfg: Config, run_dir: Path) ->
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logging.getLogger().addHandler(handler)
         logging.getLogger().setLevel(logging.INFO)
-    train(cfg, run_dir)
+    try:
+        train(cfg, run_dir)
+    except (ConfigError, CorpusError) as err:
+        # torch.multiprocessing hands the parent a traceback's text only: leave it the user error,
+        # which it reports in one line (each rank its own file, written before it raises)
+        folder.write_json(run_dir / f"{USER_ERROR}.rank{rank}.json",
+                          {"type": type(err).__name__, "message": str(err)})
+        raise
+
+
+USER_ERROR = ".user-error"  # a DDP rank's ConfigError / CorpusError, for spawn_ddp
+
+
+def _rank_user_error(run_dir: Path) -> Optional[ValueError]:
+    """The ConfigError / CorpusError a spawned rank left (the files removed), or None."""
+    found = None
+    for path in sorted(run_dir.glob(f"{USER_ERROR}.rank*.json")):
+        record = folder.read_json(path) or {}
+        path.unlink(missing_ok=True)
+        if found is None and record.get("message"):
+            kind = CorpusError if record.get("type") == "CorpusError" else ConfigError
+            found = kind(record["message"])
+    return found
 
 
 def spawn_ddp(cfg: Config, run_dir: Path) -> dict:
@@ -412,6 +434,14 @@ def spawn_ddp(cfg: Config, run_dir: Path) -> dict:
     try:
         while not context.join(timeout=0.5):
             pass
+    except mp.ProcessRaisedException:
+        error = _rank_user_error(run_dir)
+        if error is None:
+            raise
+        for process in context.processes:  # the other ranks stop too
+            if process.is_alive():
+                process.terminate()
+        raise error from None
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

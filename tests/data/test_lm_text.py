@@ -181,3 +181,17 @@ def test_the_resume_check_reads_token_ids_not_the_tokenizer_json_layout(tmp_path
     check_saved_vocab(tmp_path, vocab, "token")  # same ids: no error
     with pytest.raises(CorpusError, match="the corpus changed since this run started"):
         check_saved_vocab(tmp_path, BPEVocab.learn(lines, 20), "token")
+
+
+def test_a_data_error_inside_ddp_ranks_is_one_line_and_exit_2(tmp_path):
+    """trainer.devices=2 builds the data in the spawned ranks: their CorpusError reaches the
+    command as its one line, not as the ranks' tracebacks."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("one line only\n")
+    proc = run_cli_here(["train", *TINY_TEXT, f"data.dir={corpus}", "trainer.devices=2",
+                         f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(lines) == 1 and "data=text needs at least 2 lines" in lines[0], lines
+    assert not list((tmp_path / "run").glob(".user-error*"))  # read and removed
