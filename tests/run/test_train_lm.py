@@ -84,3 +84,37 @@ def test_combinations_the_task_does_not_define_are_one_line_errors(overrides, ex
     with pytest.raises(ConfigError) as err:
         check_config(compose(overrides))
     assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+@needs_shakespeare
+def test_every_method_trains_the_lm_2_updates_through_the_run_or_refuses_in_one_line(tmp_path):
+    """Over conf/method (every placement, norm kind and init scheme the tiers train), through the
+    real run (composition, config checks, build_lm_run, LMTrainer): `task=lm method=X` either
+    trains 2 updates to a result.json, or is refused in one line by an init scheme without a
+    decoder-only rule (T-Fixup and the Lipschitz init, docs/methods.md)."""
+    from pathlib import Path
+
+    from runner.cli.compose import config_dir
+
+    methods = sorted(p.stem for p in (Path(config_dir()) / "method").glob("*.yaml"))
+    tiny = ["task=lm", "model=ci", "model.layers=2", "model.max_positions=16", "data.block_size=16",
+            "data.batch_size=4", "trainer.max_updates=2", "warmup.updates=0", "trainer.valid_interval=0",
+            "trainer.save_interval=0", "trainer.log_interval=1", "trainer.tensorboard=false",
+            "trainer.progress=false", "trainer.valid_max_batches=2", "trainer.keep_checkpoints=0"]
+    refused, trained = {}, []
+    for method in methods:
+        try:
+            cfg = compose([*tiny, f"method={method}"])
+            check_config(cfg)
+        except ConfigError as err:
+            refused[method] = str(err)
+            continue
+        run = tmp_path / method
+        result = train(cfg, run)
+        assert result["status"] in ("ok", "stalled") and result["updates"] == 2, (method, result)
+        assert result["task"] == "lm" and math.isfinite(result["train_loss"]), method
+        assert json.loads((run / "init.json").read_text())["scheme"] == cfg.init.name, method
+        trained.append(method)
+    assert set(refused) == {"lipschitz_v1", "lipschitz_v2", "tfixup"}, refused
+    assert all("has no rule for task=lm: " in m and "\n" not in m for m in refused.values()), refused
+    assert {"admin", "deepnorm", "dyt", "mix_ln", "peri_ln", "qk_norm", "sigma_reparam_post_ln"} <= set(trained)
