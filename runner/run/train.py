@@ -384,7 +384,8 @@ def _ddp_worker(rank: int, world: int, port: int, cfg: Config, run_dir: Path) ->
         # torch.multiprocessing hands the parent a traceback's text only: leave it the user error,
         # which it reports in one line (each rank its own file, written before it raises)
         folder.write_json(run_dir / f"{USER_ERROR}.rank{rank}.json",
-                          {"type": type(err).__name__, "message": str(err)})
+                          {"type": "CorpusError" if isinstance(err, CorpusError) else "ConfigError",
+                           "message": str(err)})
         raise
 
 
@@ -394,7 +395,7 @@ USER_ERROR = ".user-error"  # a DDP rank's ConfigError / CorpusError, for spawn_
 def _rank_user_error(run_dir: Path) -> Optional[ValueError]:
     """The ConfigError / CorpusError a spawned rank left (the files removed), or None."""
     found = None
-    for path in sorted(run_dir.glob(f"{USER_ERROR}.rank*.json")):
+    for path in sorted(Path(run_dir).glob(f"{USER_ERROR}.rank*.json")):
         record = folder.read_json(path) or {}
         path.unlink(missing_ok=True)
         if found is None and record.get("message"):
@@ -412,6 +413,7 @@ def spawn_ddp(cfg: Config, run_dir: Path) -> dict:
     if resolve_device(cfg.trainer.device).type == "cuda" and torch.cuda.device_count() < cfg.trainer.devices:
         raise ConfigError(f"trainer.devices={cfg.trainer.devices} but only "
                           f"{torch.cuda.device_count()} CUDA devices are visible")
+    _rank_user_error(run_dir)  # a killed attempt's leftovers must not name this attempt's error
     context = mp.start_processes(_ddp_worker, args=(cfg.trainer.devices, port, cfg, run_dir),
                                  nprocs=cfg.trainer.devices, join=False, start_method="spawn")
     # A stop signal to this process goes to every rank (a terminal's Ctrl-C reaches them anyway:
@@ -435,14 +437,13 @@ def spawn_ddp(cfg: Config, run_dir: Path) -> dict:
         while not context.join(timeout=0.5):
             pass
     except mp.ProcessRaisedException:
+        # join has stopped and joined every rank by now
         error = _rank_user_error(run_dir)
         if error is None:
             raise
-        for process in context.processes:  # the other ranks stop too
-            if process.is_alive():
-                process.terminate()
         raise error from None
     finally:
+        _rank_user_error(run_dir)  # whatever ended the ranks, no file outlives this attempt
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     result = folder.read_result(run_dir)

@@ -596,9 +596,12 @@ def _judge_better_by_outcome(claim: Claim, diffs: Sequence[tuple[int, float]],
     untied = wins + losses
     p = float(stats.binomtest(wins, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
     p_reverse = float(stats.binomtest(losses, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
-    # every pair that could favour A doing so (a pair where both blew up is a tie by its outcome)
-    open_pairs = len(scores) - sum(score == 0.0 for _, score, _ in by_outcome)
-    best_p = 0.5 ** open_pairs if open_pairs else 1.0
+    # the best case: every pair that could favour A doing so; a pair decided against A (A blew
+    # up) stays a loss and one where both blew up a tie
+    forced_losses = sum(score < 0 for _, score, _ in by_outcome)
+    open_pairs = len(scores) - forced_losses - sum(score == 0.0 for _, score, _ in by_outcome)
+    best_p = (float(stats.binomtest(open_pairs, open_pairs + forced_losses, 0.5, alternative="greater").pvalue)
+              if open_pairs else 1.0)
     words = {seed: w for seed, _, w in by_outcome}
     listed = ", ".join(f"seed {seed} {words[seed]}" if seed in words else f"seed {seed} {_signed(d + 0.0)}"
                        for seed, d in scores)
@@ -608,14 +611,15 @@ def _judge_better_by_outcome(claim: Claim, diffs: Sequence[tuple[int, float]],
                     "diffs": {str(seed): d for seed, d in scores}})
     measured = (f"{head} {claim.metric} over {len(scores)} paired seeds{lower}, a pair with a blown-up cell "
                 f"decided by outcome ({listed}): {wins} favour A, {losses} favour B, {len(scores) - untied} "
-                f"tied; one-sided sign test p={p:.3g}; the smallest p {open_pairs} pairs that could favour A can give: "
+                f"tied; one-sided sign test p={p:.3g}; the smallest p these pairs can give: "
                 f"{best_p:.3g}{suffix}")
     return Verdict(claim, _better_verdict(details, p, book), measured, details)
 
 
 def _better_verdict(details: Mapping[str, Any], p_adjusted: float, book: RuleBook) -> str:
-    """Rule book v2's and v3's "better" verdict from the (Holm-adjusted) p and the interval and
-    power (v3's sign test on counts: the reverse test and the smallest p the pairs can give)."""
+    """Rule book v2's to v4's "better" verdict from the (Holm-adjusted) p and the interval and
+    power (the sign test, v3's on counts and v4's on pairs with a blown-up cell: the reverse test
+    and the smallest p the pairs can give)."""
     if p_adjusted < book.alpha:
         return "reproduced"
     if details.get("test") == "sign":

@@ -250,8 +250,11 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
     """For each pair of arms a "better" claim compares whose warmups differ (T-Fixup without
     warmup against Pre-LN with 500 updates of it): the validation loss of A minus B's at the same
     number of updates after each arm's own warmup, paired by seed, at the last such point that the
-    validation curves of every pair have; "" when no claim compares such arms or no pair has one.
-    Seeds: those the means average (not diverged, collapsed or stalled) with a validation curve."""
+    validation curves of every pair have; where they have none (a warmup that is no multiple of
+    the validation interval), B at its last validation by the last point both reach and A at its
+    last by B's, so A never has more updates after warmup than B. "" when no claim compares such
+    arms or no pair has a point. Seeds: those the means average (not diverged, collapsed or
+    stalled) with a validation curve."""
     claims = preset_claims(preset)
     decoded = suite_decodes(cells)
     lines, seen = [], set()
@@ -271,9 +274,8 @@ def equal_updates_after_warmup(preset: str, cells: Sequence[SuiteCell]) -> str:
         offsets_b = set.intersection(*[{step - wb for step in curves_b[s] if step >= wb} for s in seeds])
         if not offsets_a or not offsets_b:
             continue
-        # the last point both arms were validated at; where their validations never line up (a
-        # warmup that is no multiple of the validation interval), each arm's last validation by
-        # the last point both reach
+        # the last point both arms were validated at, else (validations that never line up) B's
+        # last by the last point both reach and A's last by B's
         horizon = min(max(offsets_a), max(offsets_b))
         if offsets_a & offsets_b:
             after_a = after_b = max(offsets_a & offsets_b)
@@ -344,7 +346,7 @@ def render(target: str, title: str, preset: str, cells: Sequence[SuiteCell], tie
              "below the table; it stands beside the claims written before the run and replaces "
              "none of them. \"rule book v1\" gives the verdict under the first rules where it "
              "differs, with the reason below the table ('-': a kind of claim the first rules had no "
-             "rule for); a verdict that version 2 read differently is listed there too.", ""]
+             "rule for); a verdict that version 2 or 3 read differently is listed there too.", ""]
     judged = verdicts(preset, cells)
     old = verdicts(preset, cells, version=1)
     rows = [[v.claim.id + (" †" if v.claim.added else ""), v.claim.text, v.measured, f"**{v.verdict}**",
@@ -396,10 +398,8 @@ def change_reason(old: Verdict, new: Verdict) -> str:
         return prefix + "v2 applies one BLEU bar and the collapse rule to every suite, in place of the claim's own bar."
     if kind == "better":
         if "p" not in d:
-            return prefix + _untested_words(d)
-        v1 = ("v1 settled it by counting the cells that did not train, without a test"
-              if "ci_low" not in old.details else _v1_interval_words(d.get("paired")))
-        return prefix + f"{v1}; {_test_words(d)}{_underpowered_words(new)}."
+            return prefix + f"{_old_reading(old, 1)}; {_untested_words(d)}."
+        return prefix + f"{_old_reading(old, 1)}; {_test_words(d)}{_underpowered_words(new)}."
     if kind == "same_best":
         return (prefix + f"v2 also asks each seed's own best to be the shared best; "
                 f"{d.get('seeds_agreeing', 0)} of {len(d.get('per_seed_best', {}))} seeds agree.")
@@ -442,39 +442,68 @@ def _untested_words(d: Mapping) -> str:
             "so it reads no test")
 
 
+def _old_reading(old: Verdict, version: int) -> str:
+    """How rule book `version` (1 to 3) read a "better" claim, from its verdict's details."""
+    o = old.details
+    if "ci_low" in o and "p" not in o:
+        return _v1_interval_words(o.get("paired"))
+    if "p" in o:
+        return f"v{version} tested the {o.get('paired')} pairs where both cells trained"
+    a_bad, b_bad = o.get("a_bad", 0), o.get("b_bad", 0)
+    if (b_bad > a_bad == 0) or a_bad > b_bad:
+        return f"v{version} settled it by counting the cells that did not train, without a test"
+    return (f"v{version} had {o.get('paired', 0)} pair(s) where both cells trained, fewer than 2, "
+            "so it read no test")
+
+
+def _pairs_changed(o: Mapping, d: Mapping) -> bool:
+    """Whether v4 tested other pairs than the older book (stalled, below-bar or blown-up ones)."""
+    return o.get("paired") != d.get("paired") or bool(d.get("by_outcome"))
+
+
+def _pairs_words(o: Mapping, d: Mapping, version: int) -> str:
+    outcome = f", {d['by_outcome']} of them decided by outcome" if d.get("by_outcome") else ""
+    return (f"v{version} tested the {o.get('paired')} pairs where both cells trained, v{CURRENT} all "
+            f"{d.get('paired')} pairs, those with a cell that did not train included{outcome}")
+
+
 def change_reason_v2(old: Verdict, new: Verdict) -> str:
     """One sentence on why a "better" claim's verdict differs between rule book v2 (`old`) and the
-    current one (v3's changes to families, power and counts; v4's test of claims v2 settled)."""
+    current one: v3's families, power and counts, and v4's pairs with cells that did not train."""
     d, o = new.details, old.details
     prefix = "(provisional) " if "incomplete" in (new.verdict, old.verdict) else ""
     if "p" not in d:
-        return prefix + _untested_words(d) + "."
+        return prefix + f"{_old_reading(old, 2)}; {_untested_words(d)}."
     parts = []
     if "p" not in o:
-        parts.append(f"v2 settled it by counting the cells that did not train, without a test; {_test_words(d)}")
-    elif d.get("test") == "sign":
-        parts.append(f"since v3 counts are compared by the exact sign test (p={d['p']:.3g}; the smallest p "
-                     f"{len(d.get('diffs', {}))} pairs can give is {d['best_p']:.3g}), in v2 by the paired t-test")
-    if d.get("family_size") != o.get("family_size"):
-        parts.append(f"since v3 the Holm family is every planned claim against the baseline "
-                     f"({d.get('family_size')}), in v2 only those that reached a test ({o.get('family_size')})")
-    if d.get("mde") is not None and o.get("mde") is not None and d["mde"] != o["mde"]:
-        parts.append(f"since v3 the detectable effect is sized at alpha over the family ({d['mde']:.2f}), "
-                     f"in v2 at alpha ({o['mde']:.2f})")
-    return prefix + ("; ".join(parts) or "the rules since v3 correct and power a family's claims differently") + "."
+        parts.append(f"{_old_reading(old, 2)}; {_test_words(d)}")
+    elif _pairs_changed(o, d):
+        parts.append(f"{_pairs_words(o, d, 2)}; {_test_words(d)}")
+    else:
+        if d.get("test") == "sign":
+            parts.append(f"since v3 counts are compared by the exact sign test (p={d['p']:.3g}; the smallest p "
+                         f"its pairs can give is {d['best_p']:.3g}), in v2 by the paired t-test")
+        if d.get("family_size") != o.get("family_size"):
+            parts.append(f"since v3 the Holm family is every planned claim against the baseline "
+                         f"({d.get('family_size')}), in v2 only those that reached a test ({o.get('family_size')})")
+        if d.get("mde") is not None and o.get("mde") is not None and d["mde"] != o["mde"]:
+            parts.append(f"since v3 the detectable effect is sized at alpha over the family ({d['mde']:.2f}), "
+                         f"in v2 at alpha ({o['mde']:.2f})")
+    return (prefix + ("; ".join(parts) or "the rules since v3 correct and power a family's claims differently")
+            + _underpowered_words(new) + ".")
 
 
 def change_reason_v3(old: Verdict, new: Verdict) -> str:
     """One sentence on why a "better" claim's verdict differs between rule book v3 (`old`) and v4."""
-    d = new.details
+    d, o = new.details, old.details
     prefix = "(provisional) " if "incomplete" in (new.verdict, old.verdict) else ""
     if "p" not in d:
-        return prefix + _untested_words(d) + " (v3 settled it by counting the cells that did not train)."
-    if "p" in old.details:
+        return prefix + f"{_old_reading(old, 3)}; {_untested_words(d)}."
+    if "p" in o and not _pairs_changed(o, d):
         return (prefix + "v4 tests claims of its Holm family that v3 settled by counting, which changes "
-                f"this claim's corrected p; {_test_words(d)}.")
-    return (prefix + f"v3 settled it by counting the cells that did not train, without a test; "
-            f"{_test_words(d)}{_underpowered_words(new)}.")
+                f"this claim's corrected p; {_test_words(d)}{_underpowered_words(new)}.")
+    first = _pairs_words(o, d, 3) if "p" in o else _old_reading(old, 3)
+    return prefix + f"{first}; {_test_words(d)}{_underpowered_words(new)}."
 
 
 def write_report(target: str, title: str, preset: str, cells: Sequence[SuiteCell],

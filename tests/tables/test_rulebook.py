@@ -703,7 +703,7 @@ def test_the_reason_for_a_changed_better_verdict_names_the_v1_interval_truly(pai
 
     claim = Claim(id="a_beats_b", text="A beats B", kind="better", a={"method": "a"}, b={"method": "b"},
                   paper_effect=0.32)
-    old = Verdict(claim, "inconclusive", "", {"mean_diff": 0.05, "ci_low": -0.2, "ci_high": 0.3})
+    old = Verdict(claim, "inconclusive", "", {"mean_diff": 0.05, "ci_low": -0.2, "ci_high": 0.3, "paired": paired})
     new = Verdict(claim, "underpowered", "", {"paired": paired, "p": 0.44, "p_holm": 0.44,
                                               "family_size": 2, "mde": 0.39})
     reason = change_reason(old, new)
@@ -850,3 +850,34 @@ def test_a_report_renders_a_verdict_v4_changed_with_its_reasons():
     assert "even every pair favouring A could not bring it below alpha" in v1_line
     v3_line = next(x for x in text.splitlines() if x.startswith("- tfixup_beats_pre_ln: reproduced under v3"))
     assert "v3 settled it by counting the cells that did not train, without a test; v4's exact sign test" in v3_line
+
+
+def test_the_reasons_say_what_each_older_book_did_with_cells_that_did_not_train():
+    """The reason lines name what the older book really did: settled by counting, tested only the
+    pairs where both cells trained, or had too few of those for a test."""
+    from runner.tables.report import change_reason, change_reason_v2, change_reason_v3
+
+    # A stalled in seeds 1-2 and B in 1-3 (A trained in 3): v1-v3 have 0 pairs where both trained
+    # and settle nothing (B has more bad cells, but A has some): no test; v4 tests the 3 pairs
+    records = (_recs(A, [20.0, 21.0], seeds=[1, 2], status="stalled") + _recs(A, [30.0], seeds=[3])
+               + _recs(B, [5.0, 6.0, 7.0], status="stalled"))
+    new = judge(_better("c", A, B), records, 4)
+    for version, reason in ((1, change_reason), (2, change_reason_v2), (3, change_reason_v3)):
+        old = judge(_better("c", A, B), records, version)
+        assert old.verdict == "inconclusive" and "p" not in old.details
+        assert reason(old, new).startswith(f"v{version} had 0 pair(s) where both cells trained, fewer than 2, "
+                                           "so it read no test; v4's one-sided paired t-test gives p="), version
+    # both arms diverged in seed 3: v3 tests the 2 pairs where both trained, v4 all 3 (1 by outcome)
+    records = (_recs(A, [30.0, 31.0]) + _recs(A, [1.0], seeds=[3], status="diverged")
+               + _recs(B, [29.0, 29.5]) + _recs(B, [1.0], seeds=[3], status="diverged"))
+    old, new = judge(_better("c", A, B), records, 3), judge(_better("c", A, B), records, 4)
+    assert old.details["paired"] == 2 and new.details["by_outcome"] == 1
+    assert new.details["best_p"] == 0.25  # 2 pairs could favour A; the third is a tie by outcome
+    assert change_reason_v3(old, new).startswith(
+        "v3 tested the 2 pairs where both cells trained, v4 all 3 pairs, those with a cell that did not "
+        "train included, 1 of them decided by outcome; v4's exact sign test")
+    assert change_reason_v2(judge(_better("c", A, B), records, 2), new).startswith("v2 tested the 2 pairs")
+    # A blew up in one pair: that pair stays a loss in the best case (binomial, not 1/2^n)
+    lost = _recs(A, [30.0, 31.0]) + _recs(A, [1.0], seeds=[3], status="collapsed") + _recs(B, [29.0, 29.5, 30.0])
+    v = judge(_better("c", A, B), lost, 4)
+    assert v.details["best_p"] == pytest.approx(stats.binomtest(2, 3, 0.5, alternative="greater").pvalue)
