@@ -352,19 +352,20 @@ def _judge_more_failed(claim: Claim, a: Sequence[Record], b: Sequence[Record], b
     return Verdict(claim, verdict, measured, details)
 
 
+def _metric_diff(claim: Claim, ra: Record, rb: Record) -> Optional[float]:
+    """A - B of the claim's metric, signed so that positive means A better; None when either
+    cell lacks a finite value."""
+    va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
+    if va is None or vb is None or not (math.isfinite(va) and math.isfinite(vb)):
+        return None
+    return (1.0 if claim.higher_is_better else -1.0) * (float(va) - float(vb))
+
+
 def _ok_diffs(claim: Claim, pairs: Sequence[tuple[Record, Record]]) -> list[tuple[int, float]]:
     """(seed, A - B) of the claim's metric over the pairs where both cells are ok with a finite
     value, signed so that positive means A better."""
-    sign = 1.0 if claim.higher_is_better else -1.0
-    diffs = []
-    for ra, rb in pairs:
-        va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
-        if ra.status != "ok" or rb.status != "ok" or va is None or vb is None:
-            continue
-        if not (math.isfinite(va) and math.isfinite(vb)):
-            continue
-        diffs.append((ra.seed, sign * (float(va) - float(vb))))
-    return diffs
+    return [(ra.seed, d) for ra, rb in pairs if ra.status == "ok" and rb.status == "ok"
+            and (d := _metric_diff(claim, ra, rb)) is not None]
 
 
 def _bad_cells(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: RuleBook
@@ -483,7 +484,6 @@ def _tested_diffs(claim: Claim, pairs: Sequence[tuple[Record, Record]]
     better, over the pairs whose cells both finished without a blow-up (trained, stalled or below
     the BLEU bar) with a finite value; and (seed, +1 | -1 | 0, words) for each pair with a diverged
     or collapsed cell, decided by outcome (the cell that blew up loses; both: a tie)."""
-    sign = 1.0 if claim.higher_is_better else -1.0
     diffs, by_outcome = [], []
     for ra, rb in pairs:
         a_up, b_up = ra.status in BLOWN_UP, rb.status in BLOWN_UP
@@ -493,11 +493,8 @@ def _tested_diffs(claim: Claim, pairs: Sequence[tuple[Record, Record]]
                      f"A {ra.status}, B {rb.status}" if a_up and b_up else
                      f"A {ra.status}" if a_up else f"B {rb.status}")
             by_outcome.append((ra.seed, score, words))
-            continue
-        va, vb = ra.metrics.get(claim.metric), rb.metrics.get(claim.metric)
-        if va is None or vb is None or not (math.isfinite(va) and math.isfinite(vb)):
-            continue
-        diffs.append((ra.seed, sign * (float(va) - float(vb))))
+        elif (d := _metric_diff(claim, ra, rb)) is not None:
+            diffs.append((ra.seed, d))
     return diffs, by_outcome
 
 
@@ -566,19 +563,34 @@ def _judge_better(claim: Claim, a: Sequence[Record], b: Sequence[Record], book: 
     return Verdict(claim, verdict, measured, details)
 
 
+def _one_sided_sign(wins: int, losses: int) -> float:
+    """The exact one-sided sign test's p of `wins` against `losses` (scipy.stats.binomtest); 1 with
+    no untied pair."""
+    n = wins + losses
+    return float(stats.binomtest(wins, n, 0.5, alternative="greater").pvalue) if n else 1.0
+
+
+def _sign_details(claim: Claim, scores: Sequence[tuple[int, float]], best_p: float, details: dict
+                  ) -> tuple[int, int, float]:
+    """Fill a sign-tested claim's details from its (seed, score) pairs (ties left out); returns
+    (wins, losses, p). Judged alone the best case is best_p itself (judge_all sets it for the
+    family)."""
+    wins, losses = sum(d > 0 for _, d in scores), sum(d < 0 for _, d in scores)
+    p = _one_sided_sign(wins, losses)
+    details.update({"test": "sign", "p": p, "p_reverse": _one_sided_sign(losses, wins), "wins": wins,
+                    "losses": losses, "best_p": best_p, "best_p_holm": best_p,
+                    "higher_is_better": claim.higher_is_better, "pairs_favouring_a": wins,
+                    "diffs": {str(seed): d for seed, d in scores}})
+    return wins, losses, p
+
+
 def _judge_better_count(claim: Claim, diffs: Sequence[tuple[int, float]], details: dict, book: RuleBook,
                         head: str, lower: str, suffix: str) -> Verdict:
     """Rule book v3's "better" on a count (loss spikes): the exact one-sided sign test over the
     seed pairs, ties left out (scipy.stats.binomtest)."""
-    wins, losses = sum(d > 0 for _, d in diffs), sum(d < 0 for _, d in diffs)
-    untied = wins + losses
-    p = float(stats.binomtest(wins, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
-    p_reverse = float(stats.binomtest(losses, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
     best_p = 0.5 ** len(diffs)  # every pair favouring A
-    details.update({"test": "sign", "p": p, "p_reverse": p_reverse, "wins": wins, "losses": losses,
-                    # judged alone: the best case is best_p itself (judge_all sets it for the family)
-                    "best_p": best_p, "best_p_holm": best_p, "higher_is_better": claim.higher_is_better,
-                    "pairs_favouring_a": wins, "diffs": {str(seed): d for seed, d in diffs}})
+    wins, losses, p = _sign_details(claim, diffs, best_p, details)
+    untied = wins + losses
     measured = (f"{head} {claim.metric} over {len(diffs)} paired seeds{lower} ({_seed_pairs(diffs)}): "
                 f"{wins} favour A, {losses} favour B, {len(diffs) - untied} tied; one-sided sign test "
                 f"p={p:.3g}; the smallest p {len(diffs)} pairs can give: {best_p:.3g}{suffix}")
@@ -592,23 +604,17 @@ def _judge_better_by_outcome(claim: Claim, diffs: Sequence[tuple[int, float]],
     one-sided sign test over every pair, those pairs decided by outcome and the others by the sign
     of their difference, ties left out (scipy.stats.binomtest), read as v3 reads a count's."""
     scores = sorted([(seed, d) for seed, d in diffs] + [(seed, d) for seed, d, _ in by_outcome])
-    wins, losses = sum(d > 0 for _, d in scores), sum(d < 0 for _, d in scores)
-    untied = wins + losses
-    p = float(stats.binomtest(wins, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
-    p_reverse = float(stats.binomtest(losses, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
     # the best case: every pair that could favour A doing so; a pair decided against A (A blew
     # up) stays a loss and one where both blew up a tie
     forced_losses = sum(score < 0 for _, score, _ in by_outcome)
     open_pairs = len(scores) - forced_losses - sum(score == 0.0 for _, score, _ in by_outcome)
-    best_p = (float(stats.binomtest(open_pairs, open_pairs + forced_losses, 0.5, alternative="greater").pvalue)
-              if open_pairs else 1.0)
+    best_p = _one_sided_sign(open_pairs, forced_losses) if open_pairs else 1.0
+    wins, losses, p = _sign_details(claim, scores, best_p, details)
+    untied = wins + losses
+    details["by_outcome"] = len(by_outcome)
     words = {seed: w for seed, _, w in by_outcome}
     listed = ", ".join(f"seed {seed} {words[seed]}" if seed in words else f"seed {seed} {_signed(d + 0.0)}"
                        for seed, d in scores)
-    details.update({"test": "sign", "p": p, "p_reverse": p_reverse, "wins": wins, "losses": losses,
-                    "best_p": best_p, "best_p_holm": best_p, "higher_is_better": claim.higher_is_better,
-                    "pairs_favouring_a": wins, "by_outcome": len(by_outcome),
-                    "diffs": {str(seed): d for seed, d in scores}})
     measured = (f"{head} {claim.metric} over {len(scores)} paired seeds{lower}, a pair with a blown-up cell "
                 f"decided by outcome ({listed}): {wins} favour A, {losses} favour B, {len(scores) - untied} "
                 f"tied; one-sided sign test p={p:.3g}; the smallest p these pairs can give: "
