@@ -25,6 +25,7 @@ from runner.data.lm import LMData
 from runner.model.lm import DecoderOnlyLM
 from runner.model.seq2seq import Seq2Seq, build_model
 from runner.model.sublayer import check_placement_options, mix_without_post_ln
+from runner.run.allocator import keep_freed_memory
 from runner.train.optim import build_optimizer
 
 
@@ -178,6 +179,8 @@ def build_run(cfg: Config, initialize: bool = True,
     if t.threads:
         torch.set_num_threads(t.threads)
     device, world, rank = init_distributed(resolve_device(t.device))
+    if device.type == "cpu":
+        keep_freed_memory()  # no page faults per update (runner/run/allocator.py)
     precision = resolve_precision(t.precision, device)
     if cfg.task == "lm":
         return build_lm_run(cfg, initialize, device, world, rank, precision)
