@@ -335,7 +335,9 @@ def render_report(target: str) -> str:
         ALL_SCHEMES_BASELINE,
         ALL_SCHEMES_INTRO,
         ALL_SCHEMES_TITLE,
+        LM_ALL_SCHEMES,
         all_schemes_sections,
+        render_lm_all_schemes,
     )
     from runner.tables.combined import render_combined
     from runner.tables.plan import real_suite
@@ -344,6 +346,8 @@ def render_report(target: str) -> str:
 
     if target == ALL_SCHEMES:
         return render_combined(ALL_SCHEMES_TITLE, ALL_SCHEMES_INTRO, all_schemes_sections(), ALL_SCHEMES_BASELINE)
+    if target == LM_ALL_SCHEMES:
+        return render_lm_all_schemes()
     spec = TARGETS[target]
     real = real_suite(spec)
     return render(target, spec.title, real.part.preset, real.cells)
