@@ -395,12 +395,60 @@ def _magnitude(n: Num) -> Num:
     return Num(n.text, abs(n.value), n.places)
 
 
+def _agrees_in_size(quoted: Num, source: Num) -> bool:
+    """agrees, or agrees without the sign (prose may drop a sign: "falls by 0.052" for a slope of
+    -0.052)."""
+    return agrees(quoted, source) or agrees(_magnitude(quoted), _magnitude(source))
+
+
+# A number and the interval after it, with the p that may follow: "+0.78 [-0.62, +2.18], p=0.14",
+# "0.16 nats above Pre-LN [95% paired t 0.13 to 0.19]", "1.901 (SD 0.009, ...)" is not one
+INTERVAL_GROUP = re.compile(
+    rf"(?P<head>{NUMBER.pattern})[^\d\[\].;|]{{0,40}}?\[(?P<inside>[^\]|]*)\]"
+    rf"(?P<p>,?\s*(?:one-sided\s+|two-sided\s+)?p\s*=\s*{NUMBER.pattern})?")
+# how many numbers of the source's stream a group's numbers may spread over beyond its own count
+# (an interval's "95%" the doc leaves out, a source's Holm p between)
+GROUP_SLACK = 2
+
+
+LEVEL = re.compile(r"\d+(?:\.\d+)?%")  # an interval's level ("95%"), the doc's label, not a result
+
+
+def interval_groups(text: str) -> list[list[Num]]:
+    """The numbers of each interval group of prose (INTERVAL_GROUP) but its level, in the order
+    printed."""
+    return [numbers(LEVEL.sub(" ", m.group())) for m in INTERVAL_GROUP.finditer(text)]
+
+
+def in_one_window(group: Sequence[Num], stream: Sequence[Num], slack: int = GROUP_SLACK) -> bool:
+    """Whether every number of `group` is in one stretch of len(group) + slack consecutive numbers
+    of `stream` (in any order and sign: prose says "0.13 to 0.19" for a report's "-0.19, -0.13")."""
+    width = len(group) + slack
+    for start in range(max(1, len(stream) - width + 1)):
+        window = stream[start:start + width]
+        if all(any(_agrees_in_size(q, s) for s in window) for q in group):
+            return True
+    return False
+
+
 def prose_problems(text: str, src: Source, where: str) -> list[Problem]:
-    """Numbers of prose that are no number of the source at their printed precision (prose may
-    drop a sign: "falls by 0.052" for a slope of -0.052)."""
-    return [Problem(where, n.text, f"{n.text} is no number of the source at the printed precision")
-            for n in numbers(text)
-            if not any(agrees(n, s) or agrees(_magnitude(n), _magnitude(s)) for s in src.pool)]
+    """Numbers of prose that are no number of the source at their printed precision, anywhere in
+    it; and, where the source is rendered text, an estimate quoted with its interval ("+0.78
+    [-0.62, +2.18], p=0.14") whose numbers are not printed together in the source, within a few
+    numbers of one another: so one changed digit of such a group is caught even when the new
+    value is some other number of the source."""
+    problems = [Problem(where, n.text, f"{n.text} is no number of the source at the printed precision")
+                for n in numbers(text) if not any(_agrees_in_size(n, s) for s in src.pool)]
+    if src.text is None:
+        return problems
+    missing = {p.quoted for p in problems}
+    for group in interval_groups(text):
+        # a group with a number the source lacks is reported by that number already
+        if not any(n.text in missing for n in group) and not in_one_window(group, src.pool):
+            quoted = " ".join(n.text for n in group)
+            problems.append(Problem(where, quoted, f"the numbers {quoted} are not printed together in the "
+                                                  "source (an estimate and its interval)"))
+    return problems
 
 
 def check_block(path: str, body: str, where: str = "") -> list[Problem]:
