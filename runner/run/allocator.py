@@ -56,3 +56,8 @@ def keep_freed_memory() -> bool:
     # mallopt returns 1 on success, 0 on an error
     _applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_BYTES))
     return _applied
+
+
+def host_allocator() -> str:
+    """What env.json and a suite's records say about this process's host allocator."""
+    return "glibc, freed memory kept" if _applied else "default"

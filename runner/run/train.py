@@ -30,6 +30,7 @@ from runner.data.lm import bits_key
 from runner.init import options_class
 from runner.model.sublayer import norm_options_class
 from runner.run import folder, loggers
+from runner.run.allocator import host_allocator
 from runner.run.build import RunParts, build_run, check_config, resolve_device
 from runner.run.evaluate import check_dictionaries, final_scores, split_bleu
 from runner.run.sample import check_saved_vocab, save_vocab
@@ -265,7 +266,8 @@ def train(cfg, run_dir: Path) -> dict:
         env = folder.environment(parts.device, parts.precision)
         folder.write_json(run_dir / "env.json", {
             **env, "compile": bool(cfg.trainer.compile),
-            "compile_scope": cfg.trainer.compile_scope if cfg.trainer.compile else None, "parameters": parts.parameters,
+            "compile_scope": cfg.trainer.compile_scope if cfg.trainer.compile else None,
+            "host_allocator": host_allocator(), "parameters": parts.parameters,
             "unpad": parts.unpad, "data": parts.data_stats, "world_size": parts.world})
         resumed_at = trainer.state.step if resume else None
         metrics = folder.MetricsLog(run_dir, resumed_at,

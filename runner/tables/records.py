@@ -27,8 +27,8 @@ RESULT_FIELDS = ("status", "reason", "diverged_step", "stalled", "updates", "epo
                  "sacrebleu", "sacrebleu_signature", "bleu_last", "sacrebleu_last", "wall_s",
                  "tokens_per_s", "seconds_per_update", "peak_memory_mb", "parameters",
                  "initial_loss", "first_logged_loss", "stopped_early", "stop_update", "early_stop")
-ENV_FIELDS = ("device", "device_name", "threads", "precision", "compile", "compile_scope", "torch", "deepinit",
-              "git_commit", "platform")
+ENV_FIELDS = ("device", "device_name", "threads", "precision", "compile", "compile_scope", "host_allocator",
+              "torch", "deepinit", "git_commit", "platform")
 
 
 def results_root() -> Path:

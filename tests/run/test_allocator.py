@@ -78,3 +78,12 @@ def test_a_cpu_training_run_sets_it():
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "True"
+
+
+def test_the_run_folder_says_which_allocator_the_run_had(tiny_run):
+    """env.json (and so a suite's records) names the host allocator: timings of runs with and
+    without it are not comparable."""
+    import json
+
+    run_dir, _ = tiny_run
+    assert json.loads((run_dir / "env.json").read_text())["host_allocator"] == "glibc, freed memory kept"
