@@ -38,9 +38,9 @@ from typing import Iterable, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"<!-- results: (?P<path>\S+) -->(?P<body>.*?)<!-- /results -->", re.S)
-# a decimal number as printed: optional sign, thousands separators, decimals ("v1" and "x86_64"
-# are names, not numbers)
-NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
+# a decimal number as printed: optional sign, thousands separators, decimals, an exponent
+# ("6.64e-07"); "v1" and "x86_64" are names, not numbers
+NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:e[-+]\d+(?![\w.]))?")
 # a cell that holds only numbers and their punctuation: "33.28 ± 0.42 [32.81, 33.62]", "0 / 0",
 # "3/3", "2.22 (n=1)", "+1.16"
 STATISTIC = re.compile(r"[\d\s.,±\[\]()/+\-−n=]+")
@@ -68,7 +68,8 @@ class Problem:
 
 def parse_number(text: str) -> Num:
     clean = text.replace(",", "").replace("−", "-")
-    places = len(clean.split(".", 1)[1]) if "." in clean else 0
+    mantissa, _, exponent = clean.partition("e")  # 6.64e-07: 2 decimals of the mantissa, 9 in all
+    places = (len(mantissa.split(".", 1)[1]) if "." in mantissa else 0) - int(exponent or 0)
     return Num(text, Decimal(clean), places)
 
 
@@ -395,39 +396,67 @@ def _magnitude(n: Num) -> Num:
     return Num(n.text, abs(n.value), n.places)
 
 
+def signed(n: Num) -> bool:
+    return n.text[:1] in "+-−"
+
+
 def _agrees_in_size(quoted: Num, source: Num) -> bool:
-    """agrees, or agrees without the sign (prose may drop a sign: "falls by 0.052" for a slope of
-    -0.052)."""
-    return agrees(quoted, source) or agrees(_magnitude(quoted), _magnitude(source))
+    """agrees; for a quote printed without a sign, also agrees in magnitude (prose may drop a
+    sign: "falls by 0.052" for a slope of -0.052). A quote printed with a sign keeps it: "+0.03"
+    is not a report's "-0.03"."""
+    return agrees(quoted, source) or (not signed(quoted) and agrees(_magnitude(quoted), _magnitude(source)))
 
 
 # A number and the interval after it, with the p that may follow: "+0.78 [-0.62, +2.18], p=0.14",
-# "0.16 nats above Pre-LN [95% paired t 0.13 to 0.19]", "1.901 (SD 0.009, ...)" is not one
+# "0.16 nats above Pre-LN [95% paired t 0.13 to 0.19]"; "1.901 (SD 0.009, ...)" is not one, nor
+# a link's path in brackets
 INTERVAL_GROUP = re.compile(
-    rf"(?P<head>{NUMBER.pattern})[^\d\[\].;|]{{0,40}}?\[(?P<inside>[^\]|]*)\]"
+    rf"(?P<head>{NUMBER.pattern})[^\d\[\].;|]{{0,40}}?\[(?P<inside>[^\]|/`]*)\]"
     rf"(?P<p>,?\s*(?:one-sided\s+|two-sided\s+)?p\s*=\s*{NUMBER.pattern})?")
 # how many numbers of the source's stream a group's numbers may spread over beyond its own count
 # (an interval's "95%" the doc leaves out, a source's Holm p between)
 GROUP_SLACK = 2
+# an interval's level at its start ("[95% paired t ..."): the doc's label, not a result
+LEVEL = re.compile(r"^\s*\d+(?:\.\d+)?%")
 
 
-LEVEL = re.compile(r"\d+(?:\.\d+)?%")  # an interval's level ("95%"), the doc's label, not a result
+@dataclass(frozen=True)
+class IntervalGroup:
+    head: Num
+    bounds: tuple[Num, ...]  # the numbers inside the brackets, but the level
+    p: tuple[Num, ...]
+
+    @property
+    def numbers(self) -> list[Num]:
+        return [self.head, *self.bounds, *self.p]
+
+    def readings(self) -> list[list[Num]]:
+        """The orders the source may print these numbers in: as quoted; and, where no number is
+        quoted with a sign, with the bounds the other way round (prose says "0.16 ... [0.13 to
+        0.19]" for a report's "-0.16 [-0.19, -0.13]")."""
+        as_quoted = self.numbers
+        if any(signed(n) for n in as_quoted):
+            return [as_quoted]
+        return [as_quoted, [self.head, *reversed(self.bounds), *self.p]]
 
 
-def interval_groups(text: str) -> list[list[Num]]:
-    """The numbers of each interval group of prose (INTERVAL_GROUP) but its level, in the order
-    printed."""
-    return [numbers(LEVEL.sub(" ", m.group())) for m in INTERVAL_GROUP.finditer(text)]
+def interval_groups(text: str) -> list[IntervalGroup]:
+    """Each interval group of prose (INTERVAL_GROUP), in the order printed."""
+    return [IntervalGroup(parse_number(m.group("head")), tuple(numbers(LEVEL.sub(" ", m.group("inside")))),
+                          tuple(numbers(m.group("p") or "")))
+            for m in INTERVAL_GROUP.finditer(text)]
 
 
-def in_one_window(group: Sequence[Num], stream: Sequence[Num], slack: int = GROUP_SLACK) -> bool:
-    """Whether every number of `group` is in one stretch of len(group) + slack consecutive numbers
-    of `stream` (in any order and sign: prose says "0.13 to 0.19" for a report's "-0.19, -0.13")."""
-    width = len(group) + slack
+def in_one_window(group: IntervalGroup, stream: Sequence[Num], slack: int = GROUP_SLACK) -> bool:
+    """Whether the group's numbers occur in order (one of its readings) within one stretch of
+    len(group) + slack consecutive numbers of `stream`."""
+    width = len(group.numbers) + slack
     for start in range(max(1, len(stream) - width + 1)):
         window = stream[start:start + width]
-        if all(any(_agrees_in_size(q, s) for s in window) for q in group):
-            return True
+        for reading in group.readings():
+            it = iter(window)
+            if all(any(_agrees_in_size(q, s) for s in it) for q in reading):
+                return True
     return False
 
 
@@ -444,8 +473,8 @@ def prose_problems(text: str, src: Source, where: str) -> list[Problem]:
     missing = {p.quoted for p in problems}
     for group in interval_groups(text):
         # a group with a number the source lacks is reported by that number already
-        if not any(n.text in missing for n in group) and not in_one_window(group, src.pool):
-            quoted = " ".join(n.text for n in group)
+        if not any(n.text in missing for n in group.numbers) and not in_one_window(group, src.pool):
+            quoted = " ".join(n.text for n in group.numbers)
             problems.append(Problem(where, quoted, f"the numbers {quoted} are not printed together in the "
                                                   "source (an estimate and its interval)"))
     return problems

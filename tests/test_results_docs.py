@@ -68,6 +68,11 @@ def test_numbers_agree_at_the_printed_precision():
     assert agrees(parse_number("1636"), exact("1635.5584976673126"))
     assert not agrees(parse_number("1635"), exact("1635.5584976673126"))
     assert agrees(parse_number("5.34"), exact("5.3449")) and not agrees(parse_number("5.35"), exact("5.3449"))
+    # scientific notation is one number, at the precision of its mantissa
+    assert [n.text for n in numbers("-8.27e-03 [95% paired t -0.01, -4.73e-03]")] == [
+        "-8.27e-03", "95", "-0.01", "-4.73e-03"]
+    assert agrees(parse_number("6.64e-07"), exact("6.6412e-07"))
+    assert not agrees(parse_number("6.65e-07"), exact("6.6412e-07"))
 
 
 RENDERED = """
@@ -186,29 +191,41 @@ def test_a_changed_last_digit_in_a_real_block_is_found():
     assert changes >= 20
 
 
-def test_a_changed_digit_of_an_estimate_with_its_interval_in_prose_is_found():
-    """Prose quotes estimates with their intervals ("+0.88 [95% paired t -0.82, +2.58], p=0.16"):
-    such a group's numbers must be printed together in the source, so one changed last digit is
-    found even where the new value is some other number of the same report, as it is in a pool
-    of hundreds. Each digit of each group of every doc, changed in turn: at least 95% found (the
-    rest give a value printed next to the group in the source)."""
-    from tests.docs_numbers import INTERVAL_GROUP, LEVEL
+def _prose_group_numbers(body: str):
+    """(match of an interval group, match of one of its numbers) for the prose groups of a block,
+    an interval's level ("95%") left out."""
+    from tests.docs_numbers import INTERVAL_GROUP
 
-    found = changes = 0
+    spans = table_spans(body)
+    for group in INTERVAL_GROUP.finditer(body):
+        if any(a <= group.start() < b for a, b in spans):
+            continue  # table cells are checked cell by cell
+        for m in NUMBER.finditer(body, group.start(), group.end()):
+            if body[m.end():m.end() + 1] != "%":
+                yield group, m
+
+
+def test_a_changed_digit_or_sign_of_an_estimate_with_its_interval_in_prose_is_found():
+    """Prose quotes estimates with their intervals ("+0.88 [95% paired t -0.82, +2.58], p=0.16"):
+    such a group's numbers must be printed together and in order in the source, so one changed
+    last digit is found even where the new value is some other number of the same report, as it
+    is in a pool of hundreds; and a number quoted with a sign keeps it ("+0.03" for a report's
+    "-0.03" turns better into worse). Each digit and each sign of each group of every doc,
+    changed in turn: at least 95% found (the rest give a value printed beside the group)."""
+    found = changes = flips = flips_found = 0
     for doc in DOCS:
         for path, body in blocks((REPO / doc).read_text()):
-            spans = table_spans(body)
             before = {str(p) for p in check_block(path, body)}
-            for group in INTERVAL_GROUP.finditer(body):
-                if any(a <= group.start() < b for a, b in spans):
-                    continue  # table cells are checked cell by cell
-                levels = [m.span() for m in LEVEL.finditer(body, group.start(), group.end())]
-                for m in NUMBER.finditer(body, group.start(), group.end()):
-                    if any(a <= m.start() < b for a, b in levels):
-                        continue
-                    end = m.end()
-                    wrong = body[:end - 1] + str((int(body[end - 1]) + 1) % 10) + body[end:]
-                    found += any(str(p) not in before for p in check_block(path, wrong))
-                    changes += 1
-    assert changes >= 40
-    assert found >= 0.95 * changes, f"{found} of {changes} changes found"
+            for _, m in _prose_group_numbers(body):
+                end = m.end()
+                wrong = body[:end - 1] + str((int(body[end - 1]) + 1) % 10) + body[end:]
+                found += any(str(p) not in before for p in check_block(path, wrong))
+                changes += 1
+                sign = m.group()[0]
+                if sign in "+-" and float(m.group()) != 0:
+                    flipped = body[:m.start()] + ("-" if sign == "+" else "+") + body[m.start() + 1:]
+                    flips_found += any(str(p) not in before for p in check_block(path, flipped))
+                    flips += 1
+    assert changes >= 40 and flips >= 20
+    assert found >= 0.95 * changes, f"{found} of {changes} changed digits found"
+    assert flips_found == flips, f"{flips_found} of {flips} flipped signs found"

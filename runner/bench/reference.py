@@ -189,7 +189,7 @@ def _drop_deepinit(parts: RunParts) -> None:
 def train_reference(cfg: Config, warmup: int, steps: int, windows: int) -> ReferenceRun:
     """Train the reference for `warmup` untimed then `windows` x `steps` timed updates on
     deepinit's batches for `cfg`, marking the clock (after a device sync) at window bounds."""
-    parts = build_run(cfg)
+    parts = build_run(cfg, keep_host_memory=False)  # plain PyTorch keeps glibc's defaults
     if parts.world > 1:
         raise ValueError("the reference runs in one process")
     _drop_deepinit(parts)

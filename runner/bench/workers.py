@@ -39,6 +39,7 @@ from runner.decode.search import decode_throughput
 from runner.init import options_class
 from runner.model.flops import train_flops
 from runner.model.sublayer import norm_options_class
+from runner.run.allocator import host_allocator
 from runner.run.build import build_run
 from runner.run.folder import signals_held, wait_interruptibly, write_json
 from runner.train.loop import Callback, Trainer
@@ -259,6 +260,7 @@ def worker_main(argv: list[str]) -> int:
     entry = Entry(**spec["entry"])
     worker = WORKERS[entry.task][spec.get("kind", "deepinit")]
     out = worker(entry, config_from_dict(spec["config"], options_class, norm_options_class), spec["overrides"])
+    out["host_allocator"] = host_allocator()  # deepinit's CPU entries keep freed memory, references not
     write_json(Path(argv[1]), out, indent=1)
     return 0
 

@@ -171,15 +171,17 @@ def init_distributed(device: torch.device) -> tuple[torch.device, int, int]:
 
 
 def build_run(cfg: Config, initialize: bool = True,
-              data: Optional[TranslationData] = None) -> RunParts:
+              data: Optional[TranslationData] = None, keep_host_memory: bool = True) -> RunParts:
     """Build a training run. initialize=False leaves the weights to a checkpoint (resume);
-    `data` reuses corpora already built from cfg.data."""
+    `data` reuses corpora already built from cfg.data; keep_host_memory=False leaves the host
+    allocator as it is on the CPU (the bench's plain-PyTorch reference, which only reads the
+    run's data, trains with glibc's defaults)."""
     check_config(cfg)
     t = cfg.trainer
     if t.threads:
         torch.set_num_threads(t.threads)
     device, world, rank = init_distributed(resolve_device(t.device))
-    if device.type == "cpu":
+    if device.type == "cpu" and keep_host_memory:
         keep_freed_memory()  # no page faults per update (runner/run/allocator.py)
     precision = resolve_precision(t.precision, device)
     if cfg.task == "lm":

@@ -15,6 +15,7 @@ from runner.bench.compare import summarize_pair
 from runner.bench.corpus import fairseq_generate_batches, iwslt_dir, write_corpus
 from runner.cli.bench import main as main_bench
 from runner.model.flops import train_flops
+from runner.run.allocator import cpu_training_allocator, reason_left_alone
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +195,9 @@ def test_reference_side_by_side_report(with_reference):
     assert len(ours) == len(refs) == 2
     assert all(r["status"] == "ok" and "kind" not in r for r in ours)
     assert all(r["status"] == "ok" and r["kind"] == "reference" for r in refs)
+    # deepinit's CPU training keeps freed host memory; the plain-PyTorch reference has glibc's own
+    assert all(r["host_allocator"] == cpu_training_allocator() for r in ours)
+    assert all(r["host_allocator"] == (reason_left_alone() or "glibc, default thresholds") for r in refs)
     assert report["entries"][0]["windows"] == ours[0]["windows"]  # the preset table shows run 1
     assert all(r["tokens_per_s"] > 0 for r in ours + refs)
     tps = row["tokens_per_s"]

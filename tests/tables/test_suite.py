@@ -7,11 +7,11 @@ import json
 import math
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from runner.run.allocator import cpu_training_allocator
 from runner.tables import suite
 from runner.tables.plots import grid_axes, grid_panels, plot_grid, plot_transfer, transfer_panels
 from runner.tables.pool import Job, run_jobs
@@ -340,7 +340,7 @@ def test_real_tier_records_reuse_and_report(tmp_path):
         assert r["machine"]["git_commit"] and r["machine"]["torch"]
         assert r["machine"]["compile"] is False and r["pool_slots"] == 2  # how it ran: eager, 2 at once
         # each cell's process on the CPU keeps its freed memory (runner/run/allocator.py; glibc)
-        assert r["machine"]["host_allocator"] == ("glibc, freed memory kept" if sys.platform == "linux" else "default")
+        assert r["machine"]["host_allocator"] == cpu_training_allocator()
         assert r["valid_curve"] and "+sweep=reproduce_table2_real" in r["overrides"]
         # the logged training losses, what loss spikes are counted from (SHRINK logs every 5)
         assert [step for step, _ in r["train_curve"]] == [5, 10, 15, 20]
