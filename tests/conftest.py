@@ -72,7 +72,9 @@ def run_cli_here(args: list[str], cwd: Path, env: dict | None = None,
     what a command does, not the process boundary (those keep `run_cli`). The process state a
     command changes is put back: cwd, os.environ, sys.argv, signal handlers, logging handlers
     (Hydra's job logging), torch's thread count, Hydra's global state (GlobalHydra, HydraConfig),
-    and the rich consoles, which read COLUMNS afresh."""
+    and the rich consoles, which read COLUMNS afresh. Not put back: glibc's malloc thresholds,
+    which a CPU training run fixes for the rest of the process (runner/run/allocator.py; they
+    change where memory comes from, never a value)."""
     import logging
 
     import rich
