@@ -171,13 +171,20 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes_the_cells(tmp_path):
     assert not any((d / "interrupted.json").exists() for d in cells)
 
 
-def test_the_slurm_launcher_reads_a_cancelled_job_without_waiting_for_its_result(tmp_path):
+def test_the_slurm_launcher_reads_a_cancelled_job_without_waiting_for_its_result(tmp_path, monkeypatch):
     """A job SLURM cancelled (or killed for time, memory or a node) never writes its result:
-    collecting it must not wait submitit's 15-s grace for a result file, one cell after another.
-    (The real cancellation runs in tests/sweep/test_slurm.py; this checks which path it takes.)"""
+    collecting it must not wait submitit's 15-s grace for a result file, one cell after another;
+    it waits only until SLURM no longer lists the job as live. (The real cancellation runs in
+    tests/sweep/test_slurm.py; this checks which path it takes, so the job here is no SLURM job
+    and the wait for it to leave the queue is recorded, not run: squeue asked about a made-up
+    id would take its 30-s timeout per state where no SLURM answers.)"""
     from types import SimpleNamespace
 
+    from hydra_plugins.deepinit_launcher import launcher as launcher_module
     from hydra_plugins.deepinit_launcher.launcher import SlurmSweepLauncher
+
+    waited_for: list[str] = []
+    monkeypatch.setattr(launcher_module, "_wait_until_gone", waited_for.append)
 
     class EndedJob:
         job_id = "7_0"
@@ -197,6 +204,7 @@ def test_the_slurm_launcher_reads_a_cancelled_job_without_waiting_for_its_result
     for state in ("CANCELLED by 0", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"):
         ret = launcher._collect(EndedJob(state), ["trainer.seed=1"], 0)
         assert "before returning" in str(ret.return_value) and state.split()[0] in str(ret.return_value)
+    assert waited_for == ["7_0"] * 4
 
     from hydra.core.utils import JobReturn, JobStatus
     returned = JobReturn(overrides=["trainer.seed=1"], status=JobStatus.COMPLETED)
@@ -206,3 +214,4 @@ def test_the_slurm_launcher_reads_a_cancelled_job_without_waiting_for_its_result
             return [returned]
 
     assert launcher._collect(FinishedJob("COMPLETED"), ["trainer.seed=1"], 0) is returned
+    assert waited_for == ["7_0"] * 4  # a job with its result is not waited for
