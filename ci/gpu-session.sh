@@ -124,8 +124,8 @@ case "$step" in
     # tier's next cells (SCALE=real: a real-tier suite's, with trainer.device=cuda among the
     # overrides) with the count at once chosen from the records or by the probe, each started
     # only when it will end before the deadline. Rehearsed on
-    # CPU by tests/tables/test_suite.py with trainer.device=cpu and tiny overrides: on a GPU only
-    # the device differs.
+    # CPU by tests/tables/test_suite.py with trainer.device=cpu and tiny overrides: on a GPU the
+    # device differs, and each cell has one CPU thread (on the CPU, the cores shared out).
     start=$(date +%s)
     case "${TESTS_LIMIT:-150}" in
       ''|*[!0-9]*) echo "gpu-session: TESTS_LIMIT must be whole seconds, got '${TESTS_LIMIT}'" >&2; exit 2 ;;

@@ -85,12 +85,13 @@ def main(argv: Sequence[str]) -> int:
                         "real tier runs its cells itself and ignores it")
     p.add_argument("--parallel", type=_parallel, default=0, metavar="N|auto",
                    help="cells at once: at CPU scale with the local launcher, at the real tier, and "
-                        "for status's estimate of the time left (default: CPU count); at the gpu "
-                        "tier, cells sharing the GPU (default 1). auto (real and gpu tiers): a short "
-                        "probe trains the cell with the fewest layers 30 updates (200 on a GPU) alone "
-                        "and 2, 4, 8, 16 at once (up to the CPU count) and takes the number with the "
-                        "most cells per hour (with --deadline: the most cells finished by then; no "
-                        "probe where the records say no cell would fit after it)")
+                        "for status's estimate of the time left (default: CPU count; at the real "
+                        "and gpu tiers each CPU cell gets CPU count / N threads, every core for "
+                        "--parallel 1); at the gpu tier, cells sharing the GPU (default 1). auto "
+                        "(real and gpu tiers): a short probe trains the cell with the fewest layers 30 "
+                        "updates (200 on a GPU) alone and 2, 4, 8, 16 at once (up to the CPU count) and "
+                        "takes the number with the most cells per hour (with --deadline: the most cells "
+                        "finished by then; no probe where the records say no cell would fit after it)")
     p.add_argument("--out", type=Path, default=Path("outputs/reproduce"),
                    help="parent of the sweep folder <target>-<scale> (default outputs/reproduce); with "
                         "status, where it finds the cells started and not finished")

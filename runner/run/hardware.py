@@ -3,6 +3,7 @@ NVIDIA GPUs, a measured fp32 matmul peak for CPUs (and for GPUs not in the table
 (model FLOPs from runner/model/flops.py)."""
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import time
@@ -13,6 +14,23 @@ import torch
 CUDA_BF16_PEAK_TFLOPS = {"H100 SXM": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
                          "H200 NVL": 835.0, "H200": 989.4, "GH200": 989.4, "A100": 312.0,
                          "L40S": 362.0, "L40": 181.0, "L4": 121.0, "A10": 125.0}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container's or a SLURM allocation's
+    cpuset) where the OS has one, never more than os.cpu_count()."""
+    count = os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        count = min(count, len(os.sched_getaffinity(0)) or count)
+    return max(1, count)
+
+
+def gpu_visible() -> bool:
+    """Whether torch sees a CUDA GPU; a broken CUDA install counts as none."""
+    try:
+        return torch.cuda.is_available()
+    except Exception:
+        return False
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_gflops: float) -> float:

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
-
 from runner.config import ModelConfig, TrainerConfig
 from runner.console import format_duration
 from runner.run.status import OK, STALLED
@@ -135,13 +133,6 @@ def sweep_dir_for(out: Path, target: str, scale: str) -> Path:
 
 def part_dir(sweep_dir: Path, part: Part) -> Path:
     return sweep_dir / part.sub if part.sub else sweep_dir
-
-
-def gpu_visible() -> bool:
-    try:
-        return torch.cuda.is_available()
-    except Exception:  # a broken CUDA install counts as none
-        return False
 
 
 # What a record's wall_s leaves out of a cell's wall time: start-up, data loading and the final

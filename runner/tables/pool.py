@@ -1,7 +1,7 @@
 """A suite's cells trained on this machine: each one process (`python -m runner.run RUN_DIR`, on the
-config `deepinit train` would compose) with one CPU thread,
-`parallel` of them side by side (on a GPU, they share it), a rich progress bar counting cells
-with an ETA, and each finished cell's record written at once."""
+config `deepinit train` would compose), `parallel` of them side by side (on a GPU, they share it)
+with the machine's cores shared among them (cell_threads), a rich progress bar counting cells with
+an ETA, and each finished cell's record written at once."""
 from __future__ import annotations
 
 import os
@@ -19,16 +19,40 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from runner.config import Config
 from runner.console import console, format_duration
 from runner.run.folder import read_metrics, read_result, write_config
+from runner.run.hardware import gpu_visible, usable_cores
+from runner.sweep.plan import norm_key
 from runner.tables.records import Records, record_from_run
 from runner.tables.suite import SuiteCell, fmt_number, seed_major
 
 
-def _cell_env() -> dict[str, str]:
-    """One thread per cell, and the cells import this very copy of the package (a suite run from
-    a git worktree of a fixed commit trains every cell with that commit's code)."""
+def _cell_env(threads: int = 1) -> dict[str, str]:
+    """`threads` threads per cell for the libraries that read them from the environment (torch's
+    own count is the config's trainer.threads; 0, torch's default, leaves the environment as it
+    is), and the cells import this very copy of the package (a suite run from a git worktree of
+    a fixed commit trains every cell with that commit's code)."""
     package_parent = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
+    counts = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
+    return {**os.environ, **counts, "PYTHONPATH": path}
+
+
+def cell_threads(device: str, parallel: int, cores: Optional[int] = None) -> int:
+    """The CPU threads of each cell when `parallel` cells share the machine: on the CPU, its cores
+    shared out (one each at the default of one cell per core; all of them for a cell trained
+    alone, as `--parallel 1` asks, so that a long cell that must finish in one sitting uses every
+    core); on a GPU ("cuda", or "auto" where one is visible) one, as each process only launches
+    kernels. `cores`: usable_cores() unless given. Threads change how CPU sums round, so a cell's
+    losses repeat bit for bit at the same count only (its record's machine.threads)."""
+    if device == "auto":
+        device = "cuda" if gpu_visible() else "cpu"
+    if device != "cpu":
+        return 1
+    return max(1, (cores or usable_cores()) // max(1, parallel))
+
+
+def sets_threads(overrides: Sequence[str]) -> bool:
+    """Whether the overrides set trainer.threads themselves (a user's, passed to every cell)."""
+    return any(norm_key(o.split("=", 1)[0]) == "trainer.threads" for o in overrides if "=" in o)
 
 
 @dataclass
@@ -111,7 +135,7 @@ def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel
               on_cell_done: Optional[Callable[[str], None]] = None, *,
               compose: Callable[[list[str]], Config], deadline: Optional[Deadline] = None,
               expected: Optional[Mapping[str, float]] = None) -> PoolOutcome:
-    """Train the cells without a record, `parallel` at a time, one thread each; write each
+    """Train the cells without a record, `parallel` at a time (cell_threads each); write each
     finished cell's record at once (run_jobs). With per-cell times in the deadline, the cheaper
     cells go first (seed-major among equals), so a session cut short ends with the most records.
     `expected`: each cell's estimated wall time by name, for the time left in the log."""
@@ -125,7 +149,7 @@ def run_cells(cells: Sequence[SuiteCell], work: Path, records: Records, parallel
 def run_jobs(jobs: Sequence[Job], parallel: int,
              on_cell_done: Optional[Callable[[str], None]] = None, *,
              compose: Callable[[list[str]], Config], deadline: Optional[Deadline] = None) -> PoolOutcome:
-    """Train the jobs in order, `parallel` at a time, one thread each, writing each finished
+    """Train the jobs in order, `parallel` at a time (cell_threads each), writing each finished
     cell's record at once; a slot that frees takes the next job whatever its suite, so no core
     idles between suites. `on_cell_done(group)` runs after each job of the group has ended
     (recorded or crashed), so a suite's report can follow its records cell by cell.
@@ -263,9 +287,10 @@ class _Pool:
         self.deadline = deadline
         self.queue = list(jobs)
         self.parallel = parallel
+        # the cells that can run at once: a pool of fewer jobs than slots shares the cores among those
+        self.sharing = max(1, min(parallel, len(self.queue)))
         self.on_cell_done = on_cell_done
         self.running: list[tuple[Job, subprocess.Popen, object]] = []
-        self.env = _cell_env()
         self.started: dict[str, float] = {}  # each running cell's start (time.monotonic())
         # the most cells running at once while each cell ran (its record's pool_slots): a pool's
         # last cells, or a pool of more slots than cells, share the machine with fewer than `parallel`
@@ -278,13 +303,17 @@ class _Pool:
     def _start(self, job: Job) -> None:
         job.work.mkdir(parents=True, exist_ok=True)
         run_dir = job.work / job.cell.name
-        overrides = [*job.cell.overrides, "trainer.threads=1", "trainer.progress=false"]
-        write_config(run_dir, self.compose(overrides), overrides)  # what `deepinit train` would compose
+        overrides = [*job.cell.overrides, "trainer.progress=false"]
+        cfg = self.compose(overrides)
+        if not sets_threads(job.cell.overrides):  # a user's trainer.threads reaches the cell as given
+            overrides.insert(-1, f"trainer.threads={cell_threads(cfg.trainer.device, self.sharing)}")
+            cfg = self.compose(overrides)
+        write_config(run_dir, cfg, overrides)  # what `deepinit train` would compose
         log = open(job.work / f"{job.cell.name}.out", "w")
         cmd = [sys.executable, "-m", "runner.run", str(run_dir)]
         self.started[job.cell.name] = time.monotonic()
         self.running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                   env=self.env), log))
+                                                   env=_cell_env(cfg.trainer.threads)), log))
         for running, _, _ in self.running:
             self.peak[running.cell.name] = max(self.peak.get(running.cell.name, 0), len(self.running))
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import statistics
 import sys
 import tarfile
@@ -22,6 +21,7 @@ from runner.console import format_duration
 from runner.files import atomic_path
 from runner.run.attempt import INTERRUPTED_FILE
 from runner.run.folder import LAST, read_json
+from runner.run.hardware import gpu_visible, usable_cores
 from runner.run.status import OK
 from runner.sweep.plan import norm_key
 from runner.tables import pool, suite
@@ -32,7 +32,6 @@ from runner.tables.plan import (
     Request,
     cell_count,
     describe_estimates,
-    gpu_visible,
     model_shape,
     per_cell_range,
     ran_whole_budget,
@@ -60,7 +59,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
         print(f"deepinit reproduce: --scale gpu trains on CUDA, and no GPU is visible here "
               f"(torch {torch.__version__}); use --scale real on a CPU", file=sys.stderr)
         return 2
-    parallel = request.parallel or (1 if gpu else os.cpu_count() or 1)
+    parallel = request.parallel or (1 if gpu else usable_cores())
     work = sweep_dir_for(request.out.resolve(), target.name, tier)
     # Overrides that only pick among the preset's own cells (part of the suite) keep the suite's
     # records and report in results/, and the report stays the whole suite's. Overrides that make
@@ -130,7 +129,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
         setting = (bool(planned.compile), planned.compile_scope if planned.compile else None)
     else:
         setting = (False, None)
-    recorded = record_rounds(cells, reference, device, setting, os.cpu_count() or 1)
+    recorded = record_rounds(cells, reference, device, setting, usable_cores())
     timed_counts = recorded if 1 in recorded and len(recorded) > 1 else {}
     if request.probe and trains and todo and timed_counts:
         parallel = max(timed_counts.values(), key=lambda r: (r.cells_per_hour, -r.parallel)).parallel
@@ -150,7 +149,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
                   f"as the records were timed")
     if deadline is not None and trains and todo:
         costs = CellCosts(deadline, reference, todo, rounds or list(recorded.values()), probed, cell_layers,
-                          share_left, own_times)
+                          share_left, own_times, device)
         if rounds or (request.probe and timed_counts):
             parallel = costs.parallel_for_deadline(parallel)
         deadline = costs.deadline(parallel)
@@ -209,7 +208,7 @@ def probe(cell: suite.SuiteCell, work: Path, on_gpu: bool,
     """`--parallel auto`: how many cells at once, from a short probe of `cell` (run_real gives
     the cell to train with the fewest layers; runner/tables/pool.py probe_parallel), in a scratch
     folder beside the suite's run folders. `on_gpu`: the cells train on a GPU (cells_device)."""
-    cores = os.cpu_count() or 1  # one core per cell, on a CPU and, to launch kernels, on a GPU
+    cores = usable_cores()  # one core per cell, on a CPU and, to launch kernels, on a GPU
     candidates = tuple(n for n in PROBE_CANDIDATES if n <= cores)
     updates = PROBE_UPDATES_CUDA if on_gpu else PROBE_UPDATES
     cfg = compose(cell.overrides)
@@ -304,7 +303,7 @@ def record_rounds(cells: Sequence[suite.SuiteCell], reference: Optional[suite.Su
         r = cell.record
         if (r and ran_whole_budget(r) and record_device(r) == device and r.get("seconds_per_update")
                 and r.get("updates") and model_shape(cell) == model_shape(reference) and run_setting(r) == wanted
-                and (most is None or int(r.get("pool_slots") or 1) <= most)):
+                and (most is None or int(r.get("pool_slots") or 1) <= most) and pool_threads(r, device, most)):
             by_count.setdefault(int(r.get("pool_slots") or 1), []).append(r)
     rounds = {}
     for n, records in sorted(by_count.items()):
@@ -312,6 +311,15 @@ def record_rounds(cells: Sequence[suite.SuiteCell], reference: Optional[suite.Su
         start = statistics.median(max(0.0, r["wall_s"] - r["updates"] * r["seconds_per_update"]) for r in records)
         rounds[n] = pool.ProbeRun(n, spu, start, n * 3600.0 / statistics.median(r["wall_s"] for r in records))
     return rounds
+
+
+def pool_threads(record: dict, device: str, cores: Optional[int]) -> bool:
+    """Whether a record's cell ran with the threads a pool gives a cell now at the record's count
+    at once (pool.cell_threads): on a CPU of `cores` cores, a cell alone gets them all, so a record
+    timed alone with one thread (as pools ran every cell before) does not time a pool of one."""
+    slots = int(record.get("pool_slots") or 1)
+    threads = int((record.get("machine") or {}).get("threads") or 1)
+    return threads == pool.cell_threads(device, slots, cores)
 
 
 # What a probe round does not time: validation passes, checkpoints and the final beam-search
@@ -378,17 +386,19 @@ class CellCosts:
                  todo: Sequence[suite.SuiteCell], rounds: Sequence[pool.ProbeRun],
                  probed: Optional[suite.SuiteCell], cell_layers: Callable[[suite.SuiteCell], int],
                  share_left: Callable[[suite.SuiteCell], float] = lambda cell: 1.0,
-                 recorded: Optional[Mapping[str, float]] = None):
+                 recorded: Optional[Mapping[str, float]] = None, device: Optional[str] = None):
         """`reference`: the record that timed the suite (median_timed, the cell `deadline`'s
         cell_s comes from; cell_deadline). `share_left`: the share of a cell's updates it still
         has to train (below 1 for a cell that resumes from a checkpoint; updates_left).
         `recorded`: {cell name: seconds} from the records of the cell's own arm or model shape
-        (record_estimates)."""
+        (record_estimates). `device`: where the cells train (cells_device); on a CPU, cells at
+        once share its cores (pool.cell_threads)."""
         self.base, self.reference, self.todo, self.layers = deadline, reference, list(todo), cell_layers
         self.rounds = {r.parallel: r for r in rounds}
         self.probed = probed if rounds else None
         self.share_left = share_left
         self.recorded = dict(recorded or {})
+        self.device = device
 
     def seconds(self, cell: suite.SuiteCell, parallel: int) -> Optional[float]:
         """The cell's expected seconds at `parallel` at once; for a cell that resumes, the share
@@ -430,6 +440,10 @@ class CellCosts:
                 chosen = self.rounds[min(above)]
             elif (top := max(self.rounds)) > 1:
                 return max(1.0, self.rounds[top].seconds_per_update / alone.seconds_per_update * parallel / top)
+            elif self.device == "cpu" and parallel > 1:
+                # timed alone only, with every core: `parallel` cells at once split them, so each
+                # is at most `parallel` times slower (no more cells per hour than alone)
+                return float(parallel)
         return max(1.0, chosen.seconds_per_update / alone.seconds_per_update) if chosen else 1.0
 
     def deadline(self, parallel: int) -> pool.Deadline:
@@ -515,7 +529,7 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
         print("deepinit reproduce all: overrides change one target's cells; run that target by itself",
               file=sys.stderr)
         return 2
-    parallel = request.parallel or os.cpu_count() or 1
+    parallel = request.parallel or usable_cores()
     names = list(dict.fromkeys(request.suites or REAL_SUITE_ORDER))  # once each, in order
     jobs, costs, plans = [], [], {}
     print(f"reproduce all (real data): {len(names)} suites, records in {results_root()}")

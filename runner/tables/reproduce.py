@@ -23,12 +23,12 @@ records and the targets (evidence, records, targets) and the rule book (rulebook
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Callable, Optional
 
 from runner.config import Config
+from runner.run.hardware import gpu_visible, usable_cores
 from runner.tables.all_schemes import (
     ALL_SCHEMES,
     ALL_SCHEMES_BASELINE,
@@ -40,7 +40,7 @@ from runner.tables.all_schemes import (
     write_all_schemes,
 )
 from runner.tables.combined import render_combined
-from runner.tables.plan import Request, gpu_visible
+from runner.tables.plan import Request
 from runner.tables.real_tier import print_status, run_all_real, run_real
 from runner.tables.suite import results_dir
 from runner.tables.sweep_tier import run_sweeps
@@ -58,7 +58,7 @@ def run(request: Request, compose: Optional[Callable[[list[str]], Config]] = Non
               "suites' records (trains nothing)")
         return 0
     if request.target == "status":
-        return print_status(request.parallel or os.cpu_count() or 1, request.out, compose)
+        return print_status(request.parallel or usable_cores(), request.out, compose)
     if request.suites and request.target != "all":
         print(f"deepinit reproduce {request.target}: --suites chooses the suites of 'all'; leave it out or "
               "run 'deepinit reproduce all --suites ...'", file=sys.stderr)

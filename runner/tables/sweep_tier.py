@@ -17,6 +17,7 @@ from runner.console import format_duration
 from runner.run.attempt import signal_of
 from runner.run.evaluate import evaluate_run
 from runner.run.folder import wait_interruptibly
+from runner.run.hardware import gpu_visible, usable_cores
 from runner.run.status import FINISHED
 from runner.sweep.plan import plan_cells
 from runner.tables.plan import (
@@ -28,7 +29,6 @@ from runner.tables.plan import (
     Request,
     collect,
     estimate_cell_s,
-    gpu_visible,
     part_dir,
     sweep_dir_for,
 )
@@ -94,7 +94,7 @@ def run_sweeps(target: Target, scale: str, request: Request, started: float) -> 
     """SCALE=cpu or paper: the target's presets through `deepinit -m`, then scoring and the table;
     the exit code. `started` is when the call began (time.perf_counter), for its total wall time."""
     launcher = request.launcher or "local"
-    parallel = request.parallel or os.cpu_count() or 1
+    parallel = request.parallel or usable_cores()
     sweep_dir = sweep_dir_for(request.out.resolve(), target.name, scale)
     extra = list(request.overrides)
     launch = launcher_overrides(launcher, scale, parallel)

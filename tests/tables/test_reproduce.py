@@ -15,8 +15,9 @@ import yaml
 
 from runner.cli.reproduce import main as reproduce_main
 from runner.run.build import check_config
+from runner.run.hardware import gpu_visible
 from runner.sweep.plan import canonical, load_preset, plan_cells
-from runner.tables.plan import RECORD_UNTIMED_S, Outcome, collect, estimate_cell_s, gpu_visible, real_suite
+from runner.tables.plan import RECORD_UNTIMED_S, Outcome, collect, estimate_cell_s, real_suite
 from runner.tables.pool import estimate_wall_s
 from runner.tables.real_tier import real_tier_status
 from runner.tables.render import render_lipschitz, render_table2, render_tfixup_depth, write_outputs

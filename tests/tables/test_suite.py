@@ -3,6 +3,7 @@ run as local processes, records land in results/ (here a temp folder) as each ce
 second call trains nothing and reuses them, and the report carries every arm and claim."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -12,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from runner.run.allocator import cpu_training_allocator
+from runner.run.hardware import usable_cores
 from runner.tables import suite
 from runner.tables.plots import grid_axes, grid_panels, plot_grid, plot_transfer, transfer_panels
-from runner.tables.pool import Job, run_jobs
+from runner.tables.pool import Job, cell_threads, run_jobs
 from runner.tables.records import cell_key
 from runner.tables.report import curve_slope, provenance, render
 from tests.conftest import REPO, compose, run_cli_here
@@ -24,6 +26,15 @@ SHRINK = ["data=toy", "data.toy.train_size=300", "data.toy.valid_size=30", "data
           "trainer.max_updates=20", "trainer.log_interval=5", "trainer.valid_interval=10",
           "trainer.save_interval=10", "trainer.eval_beam=2", "method=pre_ln,post_ln",
           "warmup.updates=5,0", "trainer.seed=1,2"]
+
+
+@pytest.fixture(autouse=True)
+def at_most_two_cores(monkeypatch):
+    """The pools here share at most 2 cores among their cells (pool.cell_threads), as on the
+    2-core machines the suite is timed on: on a many-core machine a lone tiny cell would
+    otherwise train with every core, beside the other test workers."""
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(os, "cpu_count", lambda: min(2, cores))
 
 
 def test_a_partial_suite_reads_incomplete():
@@ -320,7 +331,8 @@ def test_real_tier_records_reuse_and_report(tmp_path):
     env = {**os.environ, "DEEPINIT_RESULTS": str(tmp_path / "results")}
     args = ["reproduce", "table2", "--scale", "real", "--parallel", "2", "--out", str(tmp_path / "out"),
             *SHRINK[:-2], "warmup.updates=0", "trainer.seed=1,2",  # Table 2's no-warmup arms
-            "trainer.divergence.stall_margin=-1000"]  # 20 updates: never call a cell stalled
+            "trainer.divergence.stall_margin=-1000",  # 20 updates: never call a cell stalled
+            "trainer.threads=1"]  # a process of its own: one thread per cell on any machine
     first = run_cli_here(args, cwd=REPO, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     # SHRINK changes the preset's cells (toy data, a tiny model): a variant, whose records and
@@ -416,7 +428,7 @@ def test_gpu_tier_records_under_its_own_tier_with_time_and_memory_columns(tmp_pa
 
 
 def test_gpu_tier_without_a_gpu_says_so_in_one_line(tmp_path):
-    from runner.tables.plan import gpu_visible
+    from runner.run.hardware import gpu_visible
 
     if gpu_visible():
         pytest.skip("a GPU is visible: the tier runs")
@@ -501,13 +513,15 @@ def test_gpu_session_bench_step_times_presets_and_depth_apart_and_bundles_its_fi
 
 
 @pytest.mark.slow
-def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
+def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path, monkeypatch):
     import yaml
     from omegaconf import OmegaConf
 
     from runner.run.build import check_config
+    from runner.tables import pool
     from runner.tables.records import Records
 
+    monkeypatch.setattr(pool, "usable_cores", lambda: 4)  # 2 cells at once share 4 cores: 2 threads each
     cells = suite.plan("reproduce_table2_real", SHRINK)
     first, second = cells[:2], cells[2:3]
     a, b = Records.load(tmp_path / "a"), Records.load(tmp_path / "b")
@@ -523,8 +537,10 @@ def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
     assert (run_dir / "result.json").is_file()
     # each cell ran as `python -m runner.run` on the config `deepinit train` composes, in a folder
     # that reads like a Hydra run's (its overrides, its resolved config, train.log)
-    overrides = [*second[0].overrides, "trainer.threads=1", "trainer.progress=false"]
+    # two cells at once share the cores: each gets its share of threads (cell_threads)
+    overrides = [*second[0].overrides, "trainer.threads=2", "trainer.progress=false"]
     assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == overrides
+    assert all(c.record["machine"]["threads"] == 2 for c in first + second)
     resolved = compose(overrides)
     check_config(resolved)
     assert (run_dir / ".hydra" / "config.yaml").read_text() == OmegaConf.to_yaml(OmegaConf.structured(resolved))
@@ -555,7 +571,7 @@ def test_sigterm_to_the_driver_stops_its_cells_and_marks_them_interrupted(tmp_pa
                                                          "trainer.max_updates="))]
     cmd = [sys.executable, "-m", "runner.cli", "reproduce", "table2", "--scale", "real", "--parallel",
            "1", "--out", str(tmp_path / "out"), *one_cell, "method=pre_ln", "warmup.updates=0",
-           "trainer.seed=1", "trainer.max_updates=100000"]
+           "trainer.seed=1", "trainer.max_updates=100000", "trainer.threads=1"]
     driver = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -972,12 +988,38 @@ def test_a_probe_that_would_leave_no_cell_time_is_skipped(tmp_path, monkeypatch,
             "warmup.updates=5"]
     assert reproduce_main([*base, "--parallel", "1", "trainer.seed=1"]) == 0  # one record, timed alone
     capsys.readouterr()
+    # a cell trained alone gets every core
+    record = json.loads((tmp_path / "out" / "table2-real" / "records.jsonl").read_text().splitlines()[0])
+    assert record["machine"]["threads"] == cell_threads("cpu", 1) == min(2, usable_cores())
+    assert record["pool_slots"] == 1
     # 35 s: a third for the probe leaves 23 s, less than the record's wall time plus 30 s (and
     # seed 2, expected to take as long, is not started either)
     assert reproduce_main([*base, "--parallel", "auto", "--deadline", "35", "trainer.seed=1,2"]) == 0
     out = capsys.readouterr().out
     assert "probe: skipped" in out and "1 at a time, as the records were timed" in out
     assert not (tmp_path / "out" / "table2-real-probe").exists()
+
+
+@pytest.mark.slow
+def test_cells_share_the_cores_and_a_users_thread_count_reaches_them_as_given(tmp_path):
+    """cell_threads: on a CPU, the cores shared among the cells at once (all of them for a cell
+    alone, at least one each); on a GPU one per cell. A user's trainer.threads (an override of
+    how a cell runs, passed to every cell) reaches the cell as given: the pool adds none of its
+    own, so the cell of a pool of one trains with the user's count."""
+    import yaml
+
+    from runner.tables.records import Records
+
+    assert [cell_threads("cpu", n, cores=16) for n in (1, 2, 3, 4, 16, 32)] == [16, 8, 5, 4, 1, 1]
+    assert cell_threads("cuda", 1, cores=16) == 1
+    cell = suite.plan("reproduce_table2_real", [*SHRINK[:-3], "method=pre_ln", "warmup.updates=0",
+                                               "trainer.seed=1", "trainer.threads=1"])[0]
+    records = Records.load(tmp_path / "records")
+    outcome = run_jobs([Job(cell, tmp_path / "work", records)], parallel=1, compose=compose)
+    assert outcome.trained == 1
+    overrides = yaml.safe_load((tmp_path / "work" / cell.name / ".hydra" / "overrides.yaml").read_text())
+    assert [o for o in overrides if o.startswith("trainer.threads=")] == ["trainer.threads=1"]
+    assert cell.record["machine"]["threads"] == 1
 
 
 def test_records_time_the_counts_at_once_they_ran_at():
@@ -1000,7 +1042,9 @@ def test_records_time_the_counts_at_once_they_ran_at():
     timed = [(shallow[0], gpu(265.0, 0.041)), (shallow[1], gpu(375.0, 0.059, 4)), (shallow[2], gpu(374.0, 0.058, 4)),
              (shallow[3], gpu(404.0, 0.063, 4)), (shallow[4], gpu(376.0, 0.059, 4)),
              (shallow[5], gpu(100.0, 0.010, 4, compile=True)), (deep[0], gpu(900.0, 0.140, 4)),
-             (shallow[6], {**gpu(9000.0, 1.4), "machine": {"device": "cpu"}})]
+             (shallow[6], {**gpu(9000.0, 1.4), "machine": {"device": "cpu", "threads": 16}}),
+             # timed alone with one thread of 16 cores: not what a pool of one runs (cell_threads)
+             (shallow[9], {**gpu(20000.0, 3.1), "machine": {"device": "cpu", "threads": 1}})]
     try:
         for cell, record in timed:
             cell.record = record
@@ -1011,7 +1055,7 @@ def test_records_time_the_counts_at_once_they_ran_at():
         assert rounds[1].seconds_per_update == pytest.approx(0.041)
         assert rounds[4].seconds_per_update == pytest.approx(0.059)  # the median of four
         assert rounds[4].cells_per_hour == pytest.approx(4 * 3600 / 375.5)
-        on_cpu = record_rounds(cells, reference, "cpu")  # the CPU record alone
+        on_cpu = record_rounds(cells, reference, "cpu", most=16)  # the CPU record that ran as a pool runs
         assert list(on_cpu) == [1] and on_cpu[1].seconds_per_update == pytest.approx(1.4)
         assert record_rounds(cells, None, "cuda") == {}
         todo = [c for c in cells if c.record is None]
@@ -1031,6 +1075,14 @@ def test_records_time_the_counts_at_once_they_ran_at():
         assert costs.seconds(shallow[7], 1) == pytest.approx(cell_s)
         assert costs.seconds(shallow[7], 4) == pytest.approx(cell_s * slow)
         reference.record["pool_slots"] = 4
+        # timed alone only: on a CPU, cells at once split its cores (at most that many times
+        # slower each); elsewhere nothing says they slow each other
+        only_alone = [r for n, r in rounds.items() if n == 1]
+        on_cpu_costs = CellCosts(Deadline(at=1e9, cell_s=cell_s), reference, todo, only_alone, None, layers,
+                                 device="cpu")
+        assert on_cpu_costs.seconds(shallow[7], 2) == pytest.approx(2 * on_cpu_costs.seconds(shallow[7], 1))
+        elsewhere = CellCosts(Deadline(at=1e9, cell_s=cell_s), reference, todo, only_alone, None, layers)
+        assert elsewhere.seconds(shallow[7], 2) == pytest.approx(elsewhere.seconds(shallow[7], 1))
         # counts past the machine's cores, other GPUs and other compile settings stay out
         shallow[8].record = gpu(900.0, 0.2, 16)
         assert 16 in record_rounds(cells, reference, "cuda") and 16 not in record_rounds(cells, reference, "cuda", most=8)
@@ -1056,13 +1108,49 @@ def test_a_record_names_the_most_cells_that_ran_while_it_ran(monkeypatch, tmp_pa
     monkeypatch.setattr(pool.subprocess, "Popen", lambda *a, **k: Process())
     cells = suite.plan("reproduce_table2_gpu")[:4]
     jobs = [pool.Job(c, tmp_path, None) for c in cells]
-    running = pool._Pool(jobs, 4, None, compose=lambda overrides: None)
+    running = pool._Pool(jobs, 4, None, compose=compose)
     running._start(jobs[0])
     running._start(jobs[1])
     running.running.pop(0)  # the first cell ends
     running._start(jobs[2])
     running._start(jobs[3])
     assert [running.peak[c.name] for c in cells] == [2, 3, 3, 3]
+
+
+def test_a_cell_gets_its_share_of_the_cores_in_its_config_and_environment(monkeypatch, tmp_path):
+    """The thread count a pool gives a cell (cell_threads) is in the cell's config and in the
+    environment of its process, for the libraries that read OMP_NUM_THREADS / MKL_NUM_THREADS: the
+    usable cores over the cells that can run at once (a pool of fewer jobs than slots shares them
+    among its jobs); one for a cell on a GPU, trainer.device=auto included where one is visible."""
+    from runner.tables import pool
+
+    class Process:
+        def poll(self):
+            return None
+
+    started = []
+    monkeypatch.setattr(pool, "write_config", lambda run_dir, cfg, overrides: started.append([cfg, overrides]))
+    monkeypatch.setattr(pool.subprocess, "Popen", lambda *a, **k: started[-1].append(k["env"]) or Process())
+    monkeypatch.setattr(pool, "usable_cores", lambda: 8)
+    cells = suite.plan("reproduce_table2_real")[:3]
+
+    def threads_of(parallel, cell, *extra):
+        job = pool.Job(dataclasses.replace(cell, overrides=[*cell.overrides, *extra]), tmp_path, None)
+        pool._Pool([job] * 8, parallel, None, compose=compose)._start(job)
+        cfg, overrides, env = started[-1]
+        assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == (str(cfg.trainer.threads),) * 2
+        assert overrides.count(f"trainer.threads={cfg.trainer.threads}") == 1
+        return cfg.trainer.threads
+
+    assert [threads_of(n, cells[0]) for n in (1, 2, 3, 8)] == [8, 4, 2, 1]
+    job = pool.Job(cells[0], tmp_path, None)
+    pool._Pool([job], 4, None, compose=compose)._start(job)  # one job in 4 slots: alone
+    assert started[-1][0].trainer.threads == 8
+    monkeypatch.setattr(pool, "gpu_visible", lambda: True)
+    assert threads_of(1, cells[1], "trainer.device=auto") == 1
+    assert threads_of(1, cells[1], "trainer.device=cuda") == 1
+    monkeypatch.setattr(pool, "gpu_visible", lambda: False)
+    assert threads_of(1, cells[2], "trainer.device=auto") == 8
 
 
 @pytest.mark.slow
@@ -1089,7 +1177,7 @@ def test_a_cell_trains_on_the_device_its_config_names():
     """cells_device: trainer.device=cuda on a real-tier suite (a CPU tier trained on a lent GPU)
     is a GPU's cell, trainer.device=cpu on the gpu tier (its CPU rehearsal) a CPU's; the real
     presets pin fp32, so on a GPU they train in the CPU's precision, not bf16."""
-    from runner.tables.plan import gpu_visible
+    from runner.run.hardware import gpu_visible
     from runner.tables.real_tier import cells_device
 
     real = suite.plan("reproduce_width_real")[0]
