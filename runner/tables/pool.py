@@ -40,14 +40,17 @@ def cell_threads(device: str, parallel: int, cores: Optional[int] = None) -> int
     """The CPU threads of each cell when `parallel` cells share the machine: on the CPU, its cores
     shared out (one each at the default of one cell per core; all of them for a cell trained
     alone, as `--parallel 1` asks, so that a long cell that must finish in one sitting uses every
-    core); on a GPU ("cuda", or "auto" where one is visible) one, as each process only launches
-    kernels. `cores`: usable_cores() unless given. Threads change how CPU sums round, so a cell's
-    losses repeat bit for bit at the same count only (its record's machine.threads)."""
+    core), at most OMP_NUM_THREADS where the environment sets it (torch's own default count
+    follows it too); on a GPU ("cuda", or "auto" where one is visible) one, as each process only
+    launches kernels. `cores`: usable_cores() unless given. Threads change how CPU sums round, so
+    a cell's losses repeat bit for bit at the same count only (its record's machine.threads)."""
     if device == "auto":
         device = "cuda" if gpu_visible() else "cpu"
     if device != "cpu":
         return 1
-    return max(1, (cores or usable_cores()) // max(1, parallel))
+    share = max(1, (cores or usable_cores()) // max(1, parallel))
+    limit = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return min(share, int(limit)) if limit.isdigit() and int(limit) > 0 else share
 
 
 def sets_threads(overrides: Sequence[str]) -> bool:

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from runner.run.allocator import cpu_training_allocator
-from runner.run.hardware import usable_cores
 from runner.tables import suite
 from runner.tables.plots import grid_axes, grid_panels, plot_grid, plot_transfer, transfer_panels
 from runner.tables.pool import Job, cell_threads, run_jobs
@@ -513,15 +512,13 @@ def test_gpu_session_bench_step_times_presets_and_depth_apart_and_bundles_its_fi
 
 
 @pytest.mark.slow
-def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path, monkeypatch):
+def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path):
     import yaml
     from omegaconf import OmegaConf
 
     from runner.run.build import check_config
-    from runner.tables import pool
     from runner.tables.records import Records
 
-    monkeypatch.setattr(pool, "usable_cores", lambda: 4)  # 2 cells at once share 4 cores: 2 threads each
     cells = suite.plan("reproduce_table2_real", SHRINK)
     first, second = cells[:2], cells[2:3]
     a, b = Records.load(tmp_path / "a"), Records.load(tmp_path / "b")
@@ -538,9 +535,10 @@ def test_one_pool_trains_several_suites_and_reports_after_each_cell(tmp_path, mo
     # each cell ran as `python -m runner.run` on the config `deepinit train` composes, in a folder
     # that reads like a Hydra run's (its overrides, its resolved config, train.log)
     # two cells at once share the cores: each gets its share of threads (cell_threads)
-    overrides = [*second[0].overrides, "trainer.threads=2", "trainer.progress=false"]
+    # two cells at once share the cores (cell_threads; one each under `make test`'s OMP_NUM_THREADS=1)
+    overrides = [*second[0].overrides, f"trainer.threads={cell_threads('cpu', 2)}", "trainer.progress=false"]
     assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == overrides
-    assert all(c.record["machine"]["threads"] == 2 for c in first + second)
+    assert all(c.record["machine"]["threads"] == cell_threads("cpu", 2) for c in first + second)
     resolved = compose(overrides)
     check_config(resolved)
     assert (run_dir / ".hydra" / "config.yaml").read_text() == OmegaConf.to_yaml(OmegaConf.structured(resolved))
@@ -988,10 +986,9 @@ def test_a_probe_that_would_leave_no_cell_time_is_skipped(tmp_path, monkeypatch,
             "warmup.updates=5"]
     assert reproduce_main([*base, "--parallel", "1", "trainer.seed=1"]) == 0  # one record, timed alone
     capsys.readouterr()
-    # a cell trained alone gets every core
+    # a cell trained alone gets every core (at most OMP_NUM_THREADS: one under `make test`)
     record = json.loads((tmp_path / "out" / "table2-real" / "records.jsonl").read_text().splitlines()[0])
-    assert record["machine"]["threads"] == cell_threads("cpu", 1) == min(2, usable_cores())
-    assert record["pool_slots"] == 1
+    assert record["machine"]["threads"] == cell_threads("cpu", 1) and record["pool_slots"] == 1
     # 35 s: a third for the probe leaves 23 s, less than the record's wall time plus 30 s (and
     # seed 2, expected to take as long, is not started either)
     assert reproduce_main([*base, "--parallel", "auto", "--deadline", "35", "trainer.seed=1,2"]) == 0
@@ -1001,7 +998,7 @@ def test_a_probe_that_would_leave_no_cell_time_is_skipped(tmp_path, monkeypatch,
 
 
 @pytest.mark.slow
-def test_cells_share_the_cores_and_a_users_thread_count_reaches_them_as_given(tmp_path):
+def test_cells_share_the_cores_and_a_users_thread_count_reaches_them_as_given(tmp_path, monkeypatch):
     """cell_threads: on a CPU, the cores shared among the cells at once (all of them for a cell
     alone, at least one each); on a GPU one per cell. A user's trainer.threads (an override of
     how a cell runs, passed to every cell) reaches the cell as given: the pool adds none of its
@@ -1010,8 +1007,12 @@ def test_cells_share_the_cores_and_a_users_thread_count_reaches_them_as_given(tm
 
     from runner.tables.records import Records
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert [cell_threads("cpu", n, cores=16) for n in (1, 2, 3, 4, 16, 32)] == [16, 8, 5, 4, 1, 1]
     assert cell_threads("cuda", 1, cores=16) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the environment's count bounds a cell's
+    assert [cell_threads("cpu", n, cores=16) for n in (1, 4, 8, 16)] == [3, 3, 2, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     cell = suite.plan("reproduce_table2_real", [*SHRINK[:-3], "method=pre_ln", "warmup.updates=0",
                                                "trainer.seed=1", "trainer.threads=1"])[0]
     records = Records.load(tmp_path / "records")
@@ -1022,7 +1023,7 @@ def test_cells_share_the_cores_and_a_users_thread_count_reaches_them_as_given(tm
     assert cell.record["machine"]["threads"] == 1
 
 
-def test_records_time_the_counts_at_once_they_ran_at():
+def test_records_time_the_counts_at_once_they_ran_at(monkeypatch):
     """record_rounds: the whole-budget GPU records of the median record's model shape and compile
     setting, by the count their pool ran at once (an H200: 0.041 s/update alone, 0.058-0.063 with
     4 at once); other shapes, compiled runs and CPU records stay out. A count the records did not
@@ -1031,6 +1032,7 @@ def test_records_time_the_counts_at_once_they_ran_at():
     from runner.tables.pool import Deadline
     from runner.tables.real_tier import RECORD_UNTIMED_S, CellCosts, median_timed, record_rounds
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # a pool of one would give a cell all 16 cores
     cells, layers = _table2_gpu_cells()
     shallow = [c for c in cells if layers(c) == 12]
     deep = [c for c in cells if layers(c) == 36]
@@ -1132,6 +1134,7 @@ def test_a_cell_gets_its_share_of_the_cores_in_its_config_and_environment(monkey
     monkeypatch.setattr(pool, "write_config", lambda run_dir, cfg, overrides: started.append([cfg, overrides]))
     monkeypatch.setattr(pool.subprocess, "Popen", lambda *a, **k: started[-1].append(k["env"]) or Process())
     monkeypatch.setattr(pool, "usable_cores", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cells = suite.plan("reproduce_table2_real")[:3]
 
     def threads_of(parallel, cell, *extra):
