@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -36,16 +36,23 @@ def _cell_env(threads: int = 1) -> dict[str, str]:
     return {**os.environ, **counts, "PYTHONPATH": path}
 
 
+def cells_device(cfg: Config) -> str:
+    """Where a cell of this config trains: "cuda" or "cpu" (trainer.device; auto: a GPU when one
+    is visible)."""
+    if cfg.trainer.device == "auto":
+        return "cuda" if gpu_visible() else "cpu"
+    return "cpu" if cfg.trainer.device == "cpu" else "cuda"
+
+
 def cell_threads(device: str, parallel: int, cores: Optional[int] = None) -> int:
     """The CPU threads of each cell when `parallel` cells share the machine: on the CPU, its cores
     shared out (one each at the default of one cell per core; all of them for a cell trained
     alone, as `--parallel 1` asks, so that a long cell that must finish in one sitting uses every
     core), at most OMP_NUM_THREADS where the environment sets it (torch's own default count
-    follows it too); on a GPU ("cuda", or "auto" where one is visible) one, as each process only
-    launches kernels. `cores`: usable_cores() unless given. Threads change how CPU sums round, so
-    a cell's losses repeat bit for bit at the same count only (its record's machine.threads)."""
-    if device == "auto":
-        device = "cuda" if gpu_visible() else "cpu"
+    follows it too); on a GPU one, as each process only launches kernels. `device`: "cpu" or
+    "cuda" (cells_device). `cores`: usable_cores() unless given. Threads change how CPU sums
+    round, so a cell's losses repeat bit for bit at the same count only (its record's
+    machine.threads)."""
     if device != "cpu":
         return 1
     share = max(1, (cores or usable_cores()) // max(1, parallel))
@@ -309,8 +316,9 @@ class _Pool:
         overrides = [*job.cell.overrides, "trainer.progress=false"]
         cfg = self.compose(overrides)
         if not sets_threads(job.cell.overrides):  # a user's trainer.threads reaches the cell as given
-            overrides.insert(-1, f"trainer.threads={cell_threads(cfg.trainer.device, self.sharing)}")
-            cfg = self.compose(overrides)
+            threads = cell_threads(cells_device(cfg), self.sharing)
+            overrides.insert(-1, f"trainer.threads={threads}")
+            cfg = replace(cfg, trainer=replace(cfg.trainer, threads=threads))  # as composing them would
         write_config(run_dir, cfg, overrides)  # what `deepinit train` would compose
         log = open(job.work / f"{job.cell.name}.out", "w")
         cmd = [sys.executable, "-m", "runner.run", str(run_dir)]

@@ -39,7 +39,7 @@ from runner.tables.plan import (
     record_device,
     sweep_dir_for,
 )
-from runner.tables.pool import estimate_wall_s
+from runner.tables.pool import cells_device, estimate_wall_s
 from runner.tables.records import cell_key, results_root
 from runner.tables.report import write_report
 from runner.tables.rulebook import NOT_TRAINED
@@ -228,14 +228,6 @@ def probe(cell: suite.SuiteCell, work: Path, on_gpu: bool,
 def probe_dir(work: Path) -> Path:
     """The probe's scratch folder, beside the suite's run folders: x<N>/copy<i>/ per round."""
     return work.parent / f"{work.name}-probe"
-
-
-def cells_device(cfg: Config) -> str:
-    """Where a cell of this config trains: "cuda" or "cpu" (trainer.device; auto: a GPU when one
-    is visible)."""
-    if cfg.trainer.device == "auto":
-        return "cuda" if gpu_visible() else "cpu"
-    return "cpu" if cfg.trainer.device == "cpu" else "cuda"
 
 
 def median_timed(cells: Sequence[suite.SuiteCell], device: Optional[str] = None) -> Optional[suite.SuiteCell]:

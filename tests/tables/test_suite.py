@@ -1181,7 +1181,7 @@ def test_a_cell_trains_on_the_device_its_config_names():
     is a GPU's cell, trainer.device=cpu on the gpu tier (its CPU rehearsal) a CPU's; the real
     presets pin fp32, so on a GPU they train in the CPU's precision, not bf16."""
     from runner.run.hardware import gpu_visible
-    from runner.tables.real_tier import cells_device
+    from runner.tables.pool import cells_device
 
     real = suite.plan("reproduce_width_real")[0]
     assert cells_device(compose(real.overrides)) == "cpu"
