@@ -16,6 +16,7 @@ from runner.sweep.plan import canonical, load_preset, norm_key, plan_cells
 from runner.sweep.report import find_run_dirs, read_cell
 from runner.tables import suite
 from runner.tables.records import Records
+from runner.tables.rulebook import check_preset
 from runner.tables.targets import Part, Target
 
 
@@ -252,6 +253,7 @@ def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real"
     """The suite's cells (with `overrides`) and the records they have in `records_dir`
     (default: results/<target>/<tier>/)."""
     part = target.parts[tier][0]
+    check_preset(load_preset(part.preset), part.preset)  # its records are judged by the rule book
     cells = suite.plan(part.preset, list(overrides))
     records = Records.load(records_dir or suite.results_dir(target.name, tier))
     suite.attach_records(cells, records)

@@ -176,7 +176,7 @@ def blow_up_note(cells: Sequence[SuiteCell]) -> str:
     diverged = [c for c in cells if c.record is not None and c.record["status"] == "diverged"]
     if not diverged:
         return ""
-    causes = [blow_up_cause(c.record, load_preset_value(c, "trainer.divergence.loss_bound")) for c in diverged]
+    causes = [blow_up_cause(c.record, rulebook().divergence_bound) for c in diverged]
     counts = ", ".join(f"{causes.count(k)} {k}" for k in ("at initialization", "during training", "unknown")
                        if causes.count(k))
     losses = []

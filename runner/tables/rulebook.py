@@ -5,6 +5,12 @@ the same claim word means the same thing in every table. A version never changes
 a new reading is a new version, and reports show the verdicts of the version before it beside
 the current ones wherever the two differ (runner/tables/evidence.py `judge_all`).
 
+Every version judges runs trained with the same run-time rules, which the runs apply while they
+train: the divergence bound (10 nats of training loss per token) and its patience (50
+consecutive updates), and the stall margin (0.1 nats). The rule book states them
+(`divergence_bound`, `divergence_patience`, `stall_margin`) and `check_preset` refuses a
+reproduction preset that sets other values.
+
 Version 1 (the rules the first reports used):
     - A cell's status is the one its run recorded: "diverged" (training loss NaN/inf, or above
       `trainer.divergence.loss_bound` for `patience` updates), "stalled" (it ended without its best
@@ -120,6 +126,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from runner.config import ConfigError
+from runner.config.schema import DivergenceConfig
 from runner.run.status import DIVERGED, FAILED, OK, STALLED, run_status
 
 # A cell's outcome: its run's status (runner/run/status.py) as this rule book reads it; "ok"
@@ -143,8 +151,15 @@ class RuleBook:
     alpha: float = 0.05  # one-sided, per test (Holm-corrected within a family in v2)
     level: float = 0.95  # intervals
     power: float = 0.80  # minimum detectable effect
-    # nats below the unigram NLL: the run applies trainer.divergence.stall_margin (0.1 by default,
-    # which no preset changes) and records "stalled"; this copy is the one reports print
+    # The run applies these three while it trains (trainer.divergence; it records "diverged" and
+    # "stalled"), so a reproduction preset must set the rule book's values: check_preset refuses
+    # one that does not, and reports read them from here.
+    # nats of training loss per token above which an update counts as bad: above uniform prediction
+    # over the largest vocabulary the suites use (Multi30k's joint BPE, about 7,900 types: 8.97)
+    divergence_bound: float = 10.0
+    # consecutive bad updates that make a run "diverged"
+    divergence_patience: int = 50
+    # nats below the unigram NLL the best validation NLL must reach, else the run "stalled"
     stall_margin: float = 0.1
     scored_bleu: str = "bleu"  # the record's metric a BLEU bar and a BLEU table read
     # nats above the lowest earlier logged training loss that make a spike: in the task=lm anchor's
@@ -234,6 +249,32 @@ def outcome(record: Mapping[str, Any], book: RuleBook, decoded: Optional[bool] =
         if decodes and (not _finite(bleu) or bleu < book.bleu_bar):
             return BELOW_BAR
     return TRAINED
+
+
+# the preset keys that apply the rule book's run-time rules, and the rule book field of each
+RUN_RULES = {"trainer.divergence.loss_bound": "divergence_bound",
+             "trainer.divergence.patience": "divergence_patience",
+             "trainer.divergence.stall_margin": "stall_margin"}
+
+
+def check_preset(preset: Mapping[str, Any], name: str, book: Optional[RuleBook] = None) -> None:
+    """Raise ConfigError naming the key when a reproduction preset (sweeps/<name>.yaml, as loaded)
+    sets a run-time rule (the divergence bound and patience, the stall margin) to another value
+    than the rule book that judges its records; a key the preset leaves out takes the trainer's
+    default, which must agree too (runner/config/schema.py DivergenceConfig)."""
+    book = book or rulebook()
+    defaults = DivergenceConfig()
+    for dotted, field_name in RUN_RULES.items():
+        node: Any = preset
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        value = node if node is not None else getattr(defaults, dotted.rsplit(".", 1)[1])
+        wanted = getattr(book, field_name)
+        if value != wanted:
+            where = f"sweeps/{name}.yaml sets {dotted}={value}" if node is not None else (
+                f"sweeps/{name}.yaml leaves {dotted} at the trainer's default {value}")
+            raise ConfigError(f"{where}; rule book v{book.version} (runner/tables/rulebook.py) judges "
+                             f"every suite at {dotted}={wanted}")
 
 
 def blow_up_cause(record: Mapping[str, Any], bound: Optional[float]) -> str:

@@ -12,9 +12,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from runner.config import ConfigError, DivergenceConfig
 from runner.tables.claims import Claim, Record, claim_from_dict
 from runner.tables.evidence import judge, judge_all
-from runner.tables.rulebook import RULEBOOKS, blow_up_cause, collapsed, loss_spikes, outcome, rulebook
+from runner.tables.rulebook import (
+    RULEBOOKS,
+    blow_up_cause,
+    check_preset,
+    collapsed,
+    loss_spikes,
+    outcome,
+    rulebook,
+)
 from runner.tables.statistics import (
     detectable_variance_ratio,
     holm,
@@ -290,7 +299,7 @@ def test_reports_say_when_diverged_cells_blew_up_and_where_the_stopping_rule_end
     cells = [cell(1, {"status": "diverged", "initial_loss": 302.0, "first_logged_loss": 4.1e8}),
              cell(2, {"status": "diverged", "initial_loss": 9.1, "first_logged_loss": 55.0}),
              cell(3, {"status": "diverged"}), cell(4, {"status": "ok", "initial_loss": 1.0})]
-    note = blow_up_note(cells)  # the preset's divergence bound is 10 nats
+    note = blow_up_note(cells)  # the rule book's divergence bound is 10 nats
     assert "1 at initialization, 1 during training, 1 unknown" in note
     # the ranges over the diverged cells that have the losses (not the ok cell's)
     assert note.endswith("Their training losses: the loss at update 0 9.1 to 302, at the first logged "
@@ -881,3 +890,49 @@ def test_the_reasons_say_what_each_older_book_did_with_cells_that_did_not_train(
     lost = _recs(A, [30.0, 31.0]) + _recs(A, [1.0], seeds=[3], status="collapsed") + _recs(B, [29.0, 29.5, 30.0])
     v = judge(_better("c", A, B), lost, 4)
     assert v.details["best_p"] == pytest.approx(stats.binomtest(2, 3, 0.5, alternative="greater").pvalue)
+
+
+# --------------------------------------------------------------------------- run-time rules
+def test_every_judged_preset_applies_the_rule_books_run_time_rules():
+    """The runs apply the divergence bound, its patience and the stall margin; the rule book that
+    judges their records states them: every real and GPU tier preset sets the same values."""
+    from runner.sweep.plan import load_preset
+    from runner.tables.targets import TARGETS
+
+    presets = {part.preset for target in TARGETS.values() for tier in ("real", "gpu")
+               for part in target.parts.get(tier, ())}
+    assert len(presets) >= 15
+    book = rulebook()
+    for name in sorted(presets):
+        check_preset(load_preset(name), name)  # raises on a disagreement
+        divergence = load_preset(name)["trainer"]["divergence"]
+        assert (divergence["loss_bound"], divergence["patience"]) == (book.divergence_bound,
+                                                                      book.divergence_patience), name
+
+
+def test_a_preset_that_disagrees_with_the_rule_book_is_refused_naming_the_key():
+    ok = {"trainer": {"divergence": {"loss_bound": 10.0, "patience": 50, "stall_margin": 0.1}}}
+    check_preset(ok, "mine")
+    with pytest.raises(ConfigError, match=r"^sweeps/mine.yaml sets trainer.divergence.patience=20; "
+                                          r"rule book v\d+ .* at trainer.divergence.patience=50$"):
+        check_preset({"trainer": {"divergence": {"loss_bound": 10.0, "patience": 20}}}, "mine")
+    # a key left out takes the trainer's default (20 nats), which is not the rule book's bound
+    assert DivergenceConfig().loss_bound != rulebook().divergence_bound
+    with pytest.raises(ConfigError, match="leaves trainer.divergence.loss_bound at the trainer's default 20"):
+        check_preset({"trainer": {}}, "mine")
+
+
+def test_a_suite_whose_preset_disagrees_is_not_planned(monkeypatch):
+    from runner.tables import plan
+    from runner.tables.targets import TARGETS
+
+    real = plan.load_preset
+
+    def loosened(name):
+        preset = real(name)
+        preset["trainer"]["divergence"]["loss_bound"] = 20.0
+        return preset
+
+    monkeypatch.setattr(plan, "load_preset", loosened)
+    with pytest.raises(ConfigError, match="sets trainer.divergence.loss_bound=20.0"):
+        plan.real_suite(TARGETS["table2"])
