@@ -147,6 +147,11 @@ def record_device(record: dict) -> str:
     return str((record.get("machine") or {}).get("device") or "").split(":")[0]
 
 
+def record_threads(record: dict) -> int:
+    """The CPU threads a record's cell trained with (1 for a record without the count)."""
+    return int((record.get("machine") or {}).get("threads") or 1)
+
+
 def ran_whole_budget(record: dict) -> bool:
     """A record of a cell that trained its whole budget (ok or stalled, not ended early by a
     divergence or the early-stopping rule), with its wall time: a time that stands for a cell of
@@ -160,10 +165,12 @@ class CellEstimate:
     """A cell's expected wall time alone and what it comes from: "arm" (the median of its arm's
     records: the same settings, other seeds), "shape" (the median of the whole-budget records of
     cells with the same model.* settings), "depth" (those of the nearest other depth at the same
-    width, scaled by layers), or "preset" (the preset's minutes per cell)."""
+    width, scaled by layers), or "preset" (the preset's minutes per cell). `threads_matched`:
+    False when its records ran with another CPU thread count than the cell will."""
 
     seconds: float
     source: str
+    threads_matched: bool = True
 
 
 def model_shape(cell) -> dict:
@@ -187,17 +194,24 @@ class RealSuite:
         """The cells without a record, seed-major (the order they are trained in)."""
         return suite.seed_major(self.cells)
 
-    def estimates(self, device: str) -> list[Optional[CellEstimate]]:
+    def estimates(self, device: str, threads: Optional[int] = None) -> list[Optional[CellEstimate]]:
         """Each cell of `todo`'s expected seconds on `device` ("cpu" or "cuda"), from the records
         this suite has on that kind of device where they time it, else the preset's figure where
         it is for that device (cpu_minutes_per_cell for a real tier, gpu_ for a gpu tier), else
         None. Cells of one suite differ in cost by up to 6x (width's 64- and 256-wide models),
         which one figure per preset cannot say. A record's time is as measured, on a machine that
         may have been busy with other work; the arm's median counts every record of the arm (a
-        diverged seed is the arm's cost too), the shape's only whole-budget ones."""
+        diverged seed is the arm's cost too), the shape's only whole-budget ones.
+
+        `threads`: the CPU threads each cell will train with (pool.cell_threads). Records timed
+        with that many threads (`machine.threads`) come first, as arm, shape and depth; only a
+        cell that none of them times takes records timed with another count (1 and 2 threads
+        differ by 1.6x to 1.9x per update on the 2-core CPU,
+        results/performance/cell-threads-cpu-47a7a9d), and its estimate says so."""
         timed = [c for c in self.cells if c.record and c.record.get("wall_s") and record_device(c.record) == device]
-        whole = [c for c in timed if ran_whole_budget(c.record)]
         preset_device = "cuda" if self.tier == "gpu" else "cpu"
+        same = [c for c in timed if record_threads(c.record) == threads] if threads else timed
+        tiers = [(same, True)] + ([(timed, False)] if threads and len(same) < len(timed) else [])
 
         def median_s(cells: list) -> Optional[float]:
             return statistics.median(c.record["wall_s"] for c in cells) + RECORD_UNTIMED_S if cells else None
@@ -205,7 +219,7 @@ class RealSuite:
         def shape(cell, layers: bool = True) -> dict:
             return {k: v for k, v in model_shape(cell).items() if layers or k != "model.layers"}
 
-        def deeper_or_shallower(cell) -> Optional[float]:
+        def deeper_or_shallower(cell, whole: list) -> Optional[float]:
             """The whole-budget records of the same width at another depth, scaled by layers (as
             CellCosts scales), the nearest depth's median."""
             if "model.layers" not in cell.arm:
@@ -218,16 +232,21 @@ class RealSuite:
             nearest = min({float(c.arm["model.layers"]) for c in others}, key=lambda n: abs(n - target))
             return median_s([c for c in others if float(c.arm["model.layers"]) == nearest]) * target / nearest
 
+        def from_records(cell) -> Optional[CellEstimate]:
+            for records, matched in tiers:
+                whole = [c for c in records if ran_whole_budget(c.record)]
+                arm_s = median_s([c for c in records if c.arm == cell.arm])
+                shape_s = median_s([c for c in whole if shape(c) == shape(cell)])
+                scaled_s = deeper_or_shallower(cell, whole) if shape_s is None else None
+                for seconds, source in ((arm_s, "arm"), (shape_s, "shape"), (scaled_s, "depth")):
+                    if seconds is not None:
+                        return CellEstimate(seconds, source, threads_matched=matched)
+            return None
+
         out = []
         for cell in self.todo:
-            arm_s = median_s([c for c in timed if c.arm == cell.arm])
-            shape_s = median_s([c for c in whole if shape(c) == shape(cell)])
-            scaled_s = deeper_or_shallower(cell) if shape_s is None else None
-            out.append(CellEstimate(arm_s, "arm") if arm_s is not None else
-                       CellEstimate(shape_s, "shape") if shape_s is not None else
-                       CellEstimate(scaled_s, "depth") if scaled_s is not None else
-                       CellEstimate(self.minutes * 60, "preset") if self.minutes and device == preset_device
-                       else None)
+            out.append(from_records(cell) or (
+                CellEstimate(self.minutes * 60, "preset") if self.minutes and device == preset_device else None))
         return out
 
 
@@ -239,13 +258,18 @@ def per_cell_range(seconds: Sequence[float]) -> str:
 
 def describe_estimates(estimates: Sequence[Optional[CellEstimate]]) -> str:
     """Where a suite's per-cell estimates come from, for a plan's printout: "records of the same
-    arm for 4, records of the same model shape for 6, the preset's minutes per cell for 2"."""
-    counts = {source: sum((e.source if e is not None else None) == source for e in estimates)
-              for source in ("arm", "shape", "depth", "preset", None)}
+    arm for 4, records of the same model shape for 6, the preset's minutes per cell for 2"; a
+    source timed at another thread count than the cells will get is counted apart."""
     words = {"arm": "records of the same arm", "shape": "records of the same model shape",
              "depth": "records of the same width at another depth, scaled by layers",
              "preset": "the preset's minutes per cell", None: "no estimate"}
-    return ", ".join(f"{words[s]} for {n}" for s, n in counts.items() if n)
+    counts: dict[tuple, int] = {}
+    for e in estimates:
+        key = (e.source, e.threads_matched) if e is not None else (None, True)
+        counts[key] = counts.get(key, 0) + 1
+    order = [(s, m) for s in words for m in (True, False)]
+    return ", ".join(f"{words[s]}{'' if m else ' timed at another thread count'} for {counts[(s, m)]}"
+                     for s, m in order if counts.get((s, m)))
 
 
 def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real",

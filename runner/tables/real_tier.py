@@ -80,8 +80,10 @@ def run_real(target: Target, request: Request, tier: str = "real",
         print(f"  {c.label}   [{c.record['status'] if c.record else 'to train'}]")
     # where the cells train: a real-tier suite may run on a lent GPU (trainer.device=cuda), a
     # gpu-tier rehearsal on the CPU; only records from the same kind of device time its cells
-    device = cells_device(compose(todo[0].overrides)) if compose is not None and todo else None
-    estimates = real.estimates(device or ("cuda" if gpu else "cpu"))
+    first = compose(todo[0].overrides) if compose is not None and todo else None
+    device = cells_device(first) if first is not None else None
+    threads = planned_threads(first, device, parallel, request.overrides) if first is not None else None
+    estimates = real.estimates(device or ("cuda" if gpu else "cpu"), threads)
     known = [e.seconds for e in estimates if e is not None]
     on_gpu = "; on a GPU, its records or the probe time the cells" if device == "cuda" and not gpu else ""
     if known:
@@ -303,6 +305,17 @@ def record_rounds(cells: Sequence[suite.SuiteCell], reference: Optional[suite.Su
         start = statistics.median(max(0.0, r["wall_s"] - r["updates"] * r["seconds_per_update"]) for r in records)
         rounds[n] = pool.ProbeRun(n, spu, start, n * 3600.0 / statistics.median(r["wall_s"] for r in records))
     return rounds
+
+
+def planned_threads(cfg: Config, device: Optional[str], parallel: int, overrides: Sequence[str]) -> Optional[int]:
+    """The CPU threads each of a suite's cells will train with at `parallel` at once: a user's
+    trainer.threads as given (None for 0, torch's default), else the pool's share of the cores
+    (pool.cell_threads); None on a GPU, where records are not told apart by threads."""
+    if device != "cpu":
+        return None
+    if pool.sets_threads(overrides):
+        return cfg.trainer.threads or None
+    return pool.cell_threads(device, parallel)
 
 
 def pool_threads(record: dict, device: str, cores: Optional[int]) -> bool:
@@ -528,7 +541,7 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
     for name in names:
         real = plans[name] = real_suite(TARGETS[name])
         todo, work = real.todo, sweep_dir_for(request.out.resolve(), name, "real")
-        estimates = real.estimates("cpu")
+        estimates = real.estimates("cpu", pool.cell_threads("cpu", parallel))
         jobs += [pool.Job(cell, work, real.records, name, e.seconds if e is not None else None)
                  for cell, e in zip(todo, estimates)]
         known = [e.seconds for e in estimates if e is not None]

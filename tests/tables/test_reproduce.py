@@ -585,6 +585,7 @@ def test_time_left_comes_from_the_records_of_a_cells_arm_else_its_model_shape(tm
     from runner.tables.plan import RECORD_UNTIMED_S, real_suite
 
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the cells' threads, as the records' (1 without a count)
     cells = suite.plan("reproduce_width_real")
 
     def pick(method, dim, layers, lr, seed):
@@ -637,6 +638,67 @@ def test_time_left_comes_from_the_records_of_a_cells_arm_else_its_model_shape(tm
     deep = [e for c, e in zip(real.todo, real.estimates("cpu")) if c.arm["model.layers"] == "12"]
     assert deep and all(e.source == "depth" and e.seconds == pytest.approx((6000.0 + RECORD_UNTIMED_S) * 2)
                         for e in deep)
+
+
+def test_time_left_prefers_records_timed_at_the_cells_thread_count(tmp_path, monkeypatch, capsys):
+    """A cell trained alone on 2 cores gets 2 threads, ~1.6-1.9x faster per update than the 1 each
+    of two cells at once: records timed with the thread count the cells will get come first (arm,
+    then shape, then depth), and a cell timed only by another count says so."""
+    from runner.tables import suite
+    from runner.tables.plan import RECORD_UNTIMED_S, describe_estimates, real_suite
+    from runner.tables.real_tier import planned_threads
+
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
+    cells = suite.plan("reproduce_width_real")
+
+    def pick(method, dim, layers, lr, seed):
+        return next(c for c in cells if c.arm["method"] == method and c.arm["model.dim"] == dim and
+                    c.arm["model.layers"] == layers and c.arm["optim.lr"] == lr and c.seed == seed)
+
+    def record(cell, wall_s, threads):
+        return json.dumps({"arm": cell.arm, "overrides": cell.overrides, "seed": cell.seed, "status": "ok",
+                           "best_valid_loss": 4.0, "wall_s": wall_s,
+                           "machine": {"device": "cpu", "threads": threads}})
+
+    folder = tmp_path / "width" / "real"
+    folder.mkdir(parents=True)
+    (folder / "records.jsonl").write_text("\n".join([
+        record(pick("post_ln", "128", "6", "0.001", 1), 6000.0, 1),  # its arm, at 1 thread
+        record(pick("pre_ln", "128", "6", "0.001", 1), 2000.0, 2),  # its shape, at 2 threads
+        record(pick("post_ln", "256", "6", "0.001", 1), 9000.0, 1),  # 256 wide: 1 thread only
+    ]) + "\n")
+    real = real_suite(TARGETS["width"])
+
+    def estimate(threads, *arm):
+        return dict(zip([c.name for c in real.todo], real.estimates("cpu", threads)))[pick(*arm).name]
+
+    # two threads: the 2-thread record of its shape, not the 1-thread one of its own arm
+    two = estimate(2, "post_ln", "128", "6", "0.001", 2)
+    assert (two.source, two.seconds, two.threads_matched) == ("shape", 2000.0 + RECORD_UNTIMED_S, True)
+    # one thread: its own arm's record; without a count: the arm, as before threads were told apart
+    for threads in (1, None):
+        one = estimate(threads, "post_ln", "128", "6", "0.001", 2)
+        assert (one.source, one.seconds, one.threads_matched) == ("arm", 6000.0 + RECORD_UNTIMED_S, True)
+    # 12+12 at 128 wide: the 2-thread 6+6 record scaled by layers, at 2 threads
+    deep = estimate(2, "pre_ln", "128", "12", "0.001", 1)
+    assert (deep.source, deep.seconds) == ("depth", pytest.approx((2000.0 + RECORD_UNTIMED_S) * 2))
+    # 256 wide has 1-thread records only: they time it, marked as another count
+    wide = estimate(2, "post_ln", "256", "6", "0.001", 2)
+    assert (wide.source, wide.seconds, wide.threads_matched) == ("arm", 9000.0 + RECORD_UNTIMED_S, False)
+    assert "records of the same arm timed at another thread count for 2" in describe_estimates(
+        real.estimates("cpu", 2))
+    # what the plan expects each cell to get: the pool's share, or a user's trainer.threads
+    cfg = compose(list(real.todo[0].overrides) + ["trainer.threads=3"])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert planned_threads(cfg, "cpu", 1, ["trainer.threads=3"]) == 3
+    assert planned_threads(cfg, "cuda", 1, []) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert planned_threads(cfg, "cpu", 1, []) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr("runner.tables.pool.usable_cores", lambda: 2)
+    assert planned_threads(cfg, "cpu", 1, []) == 2
+    assert reproduce_main(["width", "--scale", "real", "--dry-run", "--parallel", "1"]) == 0
+    assert "records of the same model shape for" in capsys.readouterr().out
 
 
 def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch, capsys):
