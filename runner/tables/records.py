@@ -104,12 +104,15 @@ def record_from_run(run_dir: Path, overrides: Sequence[str], arm: dict[str, str]
     status = run_status(result) or FAILED
     metrics = folder.read_metrics(run_dir)
     curve = [(r["step"], r["loss"]) for r in metrics if r.get("split") == "valid"]
+    # the validation NLL beside the loss trained on (label-smoothed where the preset smooths): what
+    # the unigram NLL and the stall rule compare with, kept for rules that read the NLL's curve
+    nll_curve = [(r["step"], r["nll_loss"]) for r in metrics if r.get("split") == "valid" and "nll_loss" in r]
     # the logged training loss (each the mean over its log interval): what loss spikes are read from
     train_curve = [(r["step"], r["loss"]) for r in metrics if r.get("split") == "train"]
     record: dict[str, Any] = {
         "overrides": sorted(overrides), "arm": dict(arm), "seed": int(seed),
         **{k: result.get(k) for k in RESULT_FIELDS}, "status": status,
-        "valid_curve": curve, "train_curve": train_curve,
+        "valid_curve": curve, "valid_nll_curve": nll_curve, "train_curve": train_curve,
         "machine": {k: env.get(k) for k in ENV_FIELDS},
     }
     return record

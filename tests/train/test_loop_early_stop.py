@@ -85,6 +85,10 @@ def test_the_rule_stops_at_the_update_the_validation_curve_gives(reference, stop
     record = record_from_run(stopped, [], {}, 1)
     assert (record["stopped_early"], record["stop_update"], record["early_stop"]) == (
         True, want, result["early_stop"])
+    # and each validation's NLL beside its loss, from the same metrics lines
+    valid = [r for r in records(stopped) if r["split"] == "valid"]
+    assert record["valid_nll_curve"] == [(r["step"], r["nll_loss"]) for r in valid] and len(valid) >= 4
+    assert [s for s, _ in record["valid_nll_curve"]] == [s for s, _ in record["valid_curve"]]
     assert want - result["early_stop"]["last_improvement"] >= RULE["window"]
     # the same training up to the stop, nothing after it; the final checkpoint is at the stop
     got = records(stopped)
