@@ -582,8 +582,8 @@ def real_tier_status(parallel: int, out: Optional[Path] = None,
     """Per target with a real tier (and, as "<target> (gpu)", per gpu tier): planned cells,
     records by status, verdicts by kind, and the estimated wall time of the cells without a
     record (`parallel` at a time on CPU, one at a time on a GPU; each cell's time from the
-    suite's records on that kind of device, else the preset's minutes per cell:
-    RealSuite.estimates). With `out` (the suites' --out) and `compose`: "started", the cells
+    suite's records on that kind of device, on a CPU first those timed with the threads a pool
+    gives each of `parallel` cells, else the preset's minutes per cell: RealSuite.estimates). With `out` (the suites' --out) and `compose`: "started", the cells
     without a record whose run folder there holds a checkpoint to resume from, each of which
     counts in the time left for its updates left only (updates_left)."""
     rows = []
@@ -597,8 +597,10 @@ def real_tier_status(parallel: int, out: Optional[Path] = None,
             for cell in real.todo:
                 if (share := cell_updates_left(work / cell.name, cell, compose)) < 1.0:
                     started[cell.name] = share
+        device = "cuda" if tier == "gpu" else "cpu"
+        threads = pool.cell_threads(device, parallel) if device == "cpu" else None
         known = [resumed_seconds(e.seconds, started.get(c.name, 1.0))
-                 for c, e in zip(real.todo, real.estimates("cuda" if tier == "gpu" else "cpu")) if e is not None]
+                 for c, e in zip(real.todo, real.estimates(device, threads)) if e is not None]
         done = [c.record for c in cells if c.record is not None]
         decoded = suite.suite_decodes(cells)
         verdict_counts: dict[str, int] = {}

@@ -697,6 +697,10 @@ def test_time_left_prefers_records_timed_at_the_cells_thread_count(tmp_path, mon
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setattr("runner.tables.pool.usable_cores", lambda: 2)
     assert planned_threads(cfg, "cpu", 1, []) == 2
+    # `reproduce status` times the cells left the same way, at its --parallel's threads
+    status = {r["target"]: r for r in real_tier_status(parallel=1)}["width"]
+    assert status["remaining_s"] == pytest.approx(sum(e.seconds for e in real.estimates("cpu", 2)))
+    assert status["remaining_s"] != pytest.approx(sum(e.seconds for e in real.estimates("cpu", 1)))
     assert reproduce_main(["width", "--scale", "real", "--dry-run", "--parallel", "1"]) == 0
     assert "records of the same model shape for" in capsys.readouterr().out
 
