@@ -583,9 +583,10 @@ def real_tier_status(parallel: int, out: Optional[Path] = None,
     records by status, verdicts by kind, and the estimated wall time of the cells without a
     record (`parallel` at a time on CPU, one at a time on a GPU; each cell's time from the
     suite's records on that kind of device, on a CPU first those timed with the threads a pool
-    gives each of `parallel` cells, else the preset's minutes per cell: RealSuite.estimates). With `out` (the suites' --out) and `compose`: "started", the cells
-    without a record whose run folder there holds a checkpoint to resume from, each of which
-    counts in the time left for its updates left only (updates_left)."""
+    gives each of `parallel` cells, else the preset's minutes per cell: RealSuite.estimates).
+    With `out` (the suites' --out) and `compose`: "started", the cells without a record whose
+    run folder there holds a checkpoint to resume from, each of which counts in the time left
+    for its updates left only (updates_left)."""
     rows = []
     tiers = [(t, tier) for tier in SUITE_TIERS for t in TARGETS.values() if tier in t.parts]
     for target, tier in tiers:
