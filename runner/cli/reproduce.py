@@ -143,7 +143,8 @@ def main(argv: Sequence[str]) -> int:
     with attempt.sigterm_raises():  # `kill PID` stops the running cells like Ctrl-C does
         try:
             return reproduce.run(request, compose_cell)
-        except ConfigError as err:  # an override the cells cannot be composed with
+        except ConfigError as err:  # an override the cells cannot be composed with, or a preset
+            # that disagrees with the rule book
             sys.stderr.write(f"deepinit: error: {err}\n")
             return 2
         except KeyboardInterrupt as exc:

@@ -7,7 +7,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from runner.config import ModelConfig, TrainerConfig
 from runner.console import format_duration
@@ -147,9 +147,10 @@ def record_device(record: dict) -> str:
     return str((record.get("machine") or {}).get("device") or "").split(":")[0]
 
 
-def record_threads(record: dict) -> int:
-    """The CPU threads a record's cell trained with (1 for a record without the count)."""
-    return int((record.get("machine") or {}).get("threads") or 1)
+def record_threads(record: dict) -> Optional[int]:
+    """The CPU threads a record's cell trained with (None for a record without the count)."""
+    threads = (record.get("machine") or {}).get("threads")
+    return int(threads) if threads else None
 
 
 def ran_whole_budget(record: dict) -> bool:
@@ -270,6 +271,16 @@ def describe_estimates(estimates: Sequence[Optional[CellEstimate]]) -> str:
     order = [(s, m) for s in words for m in (True, False)]
     return ", ".join(f"{words[s]}{'' if m else ' timed at another thread count'} for {counts[(s, m)]}"
                      for s, m in order if counts.get((s, m)))
+
+
+def check_judged_presets(targets: Mapping[str, Target]) -> None:
+    """check_preset on every real and GPU tier preset of `targets`: a pool that refreshes a table
+    gathered from several suites (all-schemes) reads them all, so one that disagrees with the
+    rule book is refused before any cell starts rather than after the first one ends."""
+    for target in targets.values():
+        for tier in ("real", "gpu"):
+            for part in target.parts.get(tier, ()):
+                check_preset(load_preset(part.preset), part.preset)
 
 
 def real_suite(target: Target, overrides: Sequence[str] = (), tier: str = "real",

@@ -31,6 +31,7 @@ from runner.tables.plan import (
     CellEstimate,
     Request,
     cell_count,
+    check_judged_presets,
     describe_estimates,
     model_shape,
     per_cell_range,
@@ -54,6 +55,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
     gpu = tier == "gpu"
     # A plan or a report trains nothing: both work on a login node without a GPU.
     trains = not (request.dry_run or request.table_only)
+    check_judged_presets(TARGETS)
     if (gpu and trains and not gpu_visible()
             and not any(norm_key(o).startswith("trainer.device=") for o in request.overrides)):
         print(f"deepinit reproduce: --scale gpu trains on CUDA, and no GPU is visible here "
@@ -82,7 +84,9 @@ def run_real(target: Target, request: Request, tier: str = "real",
     # gpu-tier rehearsal on the CPU; only records from the same kind of device time its cells
     first = compose(todo[0].overrides) if compose is not None and todo else None
     device = cells_device(first) if first is not None else None
-    threads = planned_threads(first, device, parallel, request.overrides) if first is not None else None
+    # a pool shares the cores among min(parallel, cells) cells (pool.run_cells)
+    threads = (planned_threads(first, device, max(1, min(parallel, len(todo))), request.overrides)
+               if first is not None else None)
     estimates = real.estimates(device or ("cuda" if gpu else "cpu"), threads)
     known = [e.seconds for e in estimates if e is not None]
     on_gpu = "; on a GPU, its records or the probe time the cells" if device == "cuda" and not gpu else ""
@@ -534,14 +538,19 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
         print("deepinit reproduce all: overrides change one target's cells; run that target by itself",
               file=sys.stderr)
         return 2
+    check_judged_presets(TARGETS)
     parallel = request.parallel or usable_cores()
     names = list(dict.fromkeys(request.suites or REAL_SUITE_ORDER))  # once each, in order
     jobs, costs, plans = [], [], {}
     print(f"reproduce all (real data): {len(names)} suites, records in {results_root()}")
     for name in names:
-        real = plans[name] = real_suite(TARGETS[name])
+        plans[name] = real_suite(TARGETS[name])
+    # one pool for every suite: it shares the cores among min(parallel, cells) cells
+    threads = pool.cell_threads("cpu", max(1, min(parallel, sum(len(r.todo) for r in plans.values()))))
+    for name in names:
+        real = plans[name]
         todo, work = real.todo, sweep_dir_for(request.out.resolve(), name, "real")
-        estimates = real.estimates("cpu", pool.cell_threads("cpu", parallel))
+        estimates = real.estimates("cpu", threads)
         jobs += [pool.Job(cell, work, real.records, name, e.seconds if e is not None else None)
                  for cell, e in zip(todo, estimates)]
         known = [e.seconds for e in estimates if e is not None]
@@ -599,7 +608,7 @@ def real_tier_status(parallel: int, out: Optional[Path] = None,
                 if (share := cell_updates_left(work / cell.name, cell, compose)) < 1.0:
                     started[cell.name] = share
         device = "cuda" if tier == "gpu" else "cpu"
-        threads = pool.cell_threads(device, parallel) if device == "cpu" else None
+        threads = pool.cell_threads(device, max(1, min(parallel, len(real.todo)))) if device == "cpu" else None
         known = [resumed_seconds(e.seconds, started.get(c.name, 1.0))
                  for c, e in zip(real.todo, real.estimates(device, threads)) if e is not None]
         done = [c.record for c in cells if c.record is not None]

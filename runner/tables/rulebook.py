@@ -126,8 +126,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from runner.config import ConfigError
-from runner.config.schema import DivergenceConfig
+from runner.config import ConfigError, DivergenceConfig
 from runner.run.status import DIVERGED, FAILED, OK, STALLED, run_status
 
 # A cell's outcome: its run's status (runner/run/status.py) as this rule book reads it; "ok"
@@ -270,7 +269,11 @@ def check_preset(preset: Mapping[str, Any], name: str, book: Optional[RuleBook] 
             node = node.get(part) if isinstance(node, Mapping) else None
         value = node if node is not None else getattr(defaults, dotted.rsplit(".", 1)[1])
         wanted = getattr(book, field_name)
-        if value != wanted:
+        try:  # YAML reads 1e1 as a string; Hydra as the number
+            same = float(value) == float(wanted)
+        except (TypeError, ValueError):
+            same = False
+        if not same:
             where = f"sweeps/{name}.yaml sets {dotted}={value}" if node is not None else (
                 f"sweeps/{name}.yaml leaves {dotted} at the trainer's default {value}")
             raise ConfigError(f"{where}; rule book v{book.version} (runner/tables/rulebook.py) judges "

@@ -585,7 +585,7 @@ def test_time_left_comes_from_the_records_of_a_cells_arm_else_its_model_shape(tm
     from runner.tables.plan import RECORD_UNTIMED_S, real_suite
 
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the cells' threads, as the records' (1 without a count)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the cells' threads, as the records'
     cells = suite.plan("reproduce_width_real")
 
     def pick(method, dim, layers, lr, seed):
@@ -594,7 +594,7 @@ def test_time_left_comes_from_the_records_of_a_cells_arm_else_its_model_shape(tm
 
     def record(cell, wall_s, status="ok", device="cpu"):
         return json.dumps({"arm": cell.arm, "overrides": cell.overrides, "seed": cell.seed, "status": status,
-                           "best_valid_loss": 4.0, "wall_s": wall_s, "machine": {"device": device}})
+                           "best_valid_loss": 4.0, "wall_s": wall_s, "machine": {"device": device, "threads": 1}})
 
     folder = tmp_path / "width" / "real"
     folder.mkdir(parents=True)
@@ -702,7 +702,8 @@ def test_time_left_prefers_records_timed_at_the_cells_thread_count(tmp_path, mon
     assert status["remaining_s"] == pytest.approx(sum(e.seconds for e in real.estimates("cpu", 2)))
     assert status["remaining_s"] != pytest.approx(sum(e.seconds for e in real.estimates("cpu", 1)))
     assert reproduce_main(["width", "--scale", "real", "--dry-run", "--parallel", "1"]) == 0
-    assert "records of the same model shape for" in capsys.readouterr().out
+    # the plan's cells get 2 threads: 256 wide (2 cells left of its arm) has 1-thread records only
+    assert "records of the same arm timed at another thread count for 2" in capsys.readouterr().out
 
 
 def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch, capsys):

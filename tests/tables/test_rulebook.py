@@ -936,3 +936,26 @@ def test_a_suite_whose_preset_disagrees_is_not_planned(monkeypatch):
     monkeypatch.setattr(plan, "load_preset", loosened)
     with pytest.raises(ConfigError, match="sets trainer.divergence.loss_bound=20.0"):
         plan.real_suite(TARGETS["table2"])
+
+
+def test_the_check_reads_numbers_as_hydra_does_and_covers_every_suite_a_pool_may_report(monkeypatch):
+    # YAML reads 1e1 as the string "1e1", Hydra as 10.0: the same bound
+    check_preset({"trainer": {"divergence": {"loss_bound": "1e1", "patience": 50, "stall_margin": 0.1}}}, "mine")
+    with pytest.raises(ConfigError, match="loss_bound=abc"):
+        check_preset({"trainer": {"divergence": {"loss_bound": "abc", "patience": 50}}}, "mine")
+    from runner.tables import plan
+    from runner.tables.targets import TARGETS
+
+    plan.check_judged_presets(TARGETS)  # every committed preset agrees
+    original = plan.load_preset
+
+    def one_loosened(name):
+        preset = original(name)
+        if name == "reproduce_lm_real":
+            preset["trainer"]["divergence"]["patience"] = 10
+        return preset
+
+    monkeypatch.setattr(plan, "load_preset", one_loosened)
+    plan.check_judged_presets({"table2": TARGETS["table2"]})
+    with pytest.raises(ConfigError, match="reproduce_lm_real.yaml sets trainer.divergence.patience=10"):
+        plan.check_judged_presets({"table2": TARGETS["table2"], "lm": TARGETS["lm"]})
