@@ -4,6 +4,7 @@ real-tier suite's missing cells in one pool (`deepinit reproduce all`), and how 
 has got (`deepinit reproduce status`)."""
 from __future__ import annotations
 
+import copy
 import io
 import json
 import statistics
@@ -20,6 +21,7 @@ from runner.config import Config
 from runner.console import format_duration
 from runner.files import atomic_path
 from runner.run.attempt import INTERRUPTED_FILE
+from runner.run.build import check_config
 from runner.run.folder import LAST, read_json
 from runner.run.hardware import gpu_visible, usable_cores
 from runner.run.status import OK
@@ -83,6 +85,11 @@ def run_real(target: Target, request: Request, tier: str = "real",
     # where the cells train: a real-tier suite may run on a lent GPU (trainer.device=cuda), a
     # gpu-tier rehearsal on the CPU; only records from the same kind of device time its cells
     first = compose(todo[0].overrides) if compose is not None and todo else None
+    if request.overrides and compose is not None:
+        # the presets' own cells pass these checks (tests); a user's override could fail them in
+        # every cell, each of which would start, crash and be counted failed: refuse it here
+        for cell in todo:
+            check_config(copy.deepcopy(first if cell is todo[0] else compose(cell.overrides)))
     device = cells_device(first) if first is not None else None
     # a pool shares the cores among min(parallel, cells) cells (pool.run_cells)
     threads = (planned_threads(first, device, max(1, min(parallel, len(todo))), request.overrides)

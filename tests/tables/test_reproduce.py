@@ -706,6 +706,20 @@ def test_time_left_prefers_records_timed_at_the_cells_thread_count(tmp_path, mon
     assert "records of the same arm timed at another thread count for 2" in capsys.readouterr().out
 
 
+def test_an_override_no_cell_can_run_with_is_refused_before_any_cell_starts(tmp_path, monkeypatch, capsys):
+    """A value that composes but breaks a rule of the run (trainer.threads=-2) would make every cell
+    start, crash and count as failed: the plan checks each cell as a run would and stops in one
+    line, exit 2, with no run folder made."""
+    monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path / "results"))
+    out = tmp_path / "out"
+    assert reproduce_main(["width", "--scale", "real", "--out", str(out), "trainer.threads=-2"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["deepinit: error: trainer.threads=-2: expected a value >= 0"]
+    assert not (out / "width-real").exists() or not any((out / "width-real").iterdir())
+    # an override every cell can run with passes the check (the dry run trains nothing)
+    assert reproduce_main(["width", "--scale", "real", "--out", str(out), "--dry-run", "trainer.threads=1"]) == 0
+
+
 def test_all_plans_every_real_suite_and_rejects_overrides(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DEEPINIT_RESULTS", str(tmp_path))
     assert reproduce_main(["all", "--scale", "real", "--dry-run", "--parallel", "2"]) == 0
