@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import logging
 import statistics
 import sys
 import tarfile
@@ -17,7 +18,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
-from runner.config import Config
+from runner.config import Config, ConfigError
 from runner.console import format_duration
 from runner.files import atomic_path
 from runner.run.attempt import INTERRUPTED_FILE
@@ -85,11 +86,8 @@ def run_real(target: Target, request: Request, tier: str = "real",
     # where the cells train: a real-tier suite may run on a lent GPU (trainer.device=cuda), a
     # gpu-tier rehearsal on the CPU; only records from the same kind of device time its cells
     first = compose(todo[0].overrides) if compose is not None and todo else None
-    if request.overrides and compose is not None:
-        # the presets' own cells pass these checks (tests); a user's override could fail them in
-        # every cell, each of which would start, crash and be counted failed: refuse it here
-        for cell in todo:
-            check_config(copy.deepcopy(first if cell is todo[0] else compose(cell.overrides)))
+    if request.overrides and compose is not None and not request.table_only:
+        check_cells(todo, first, compose)
     device = cells_device(first) if first is not None else None
     # a pool shares the cores among min(parallel, cells) cells (pool.run_cells)
     threads = (planned_threads(first, device, max(1, min(parallel, len(todo))), request.overrides)
@@ -316,6 +314,27 @@ def record_rounds(cells: Sequence[suite.SuiteCell], reference: Optional[suite.Su
         start = statistics.median(max(0.0, r["wall_s"] - r["updates"] * r["seconds_per_update"]) for r in records)
         rounds[n] = pool.ProbeRun(n, spu, start, n * 3600.0 / statistics.median(r["wall_s"] for r in records))
     return rounds
+
+
+def check_cells(todo: Sequence[suite.SuiteCell], first: Config,
+                compose: Callable[[list[str]], Config]) -> None:
+    """check_config on each cell left to train (`first`: the first one's config, composed), as
+    its run will check it, before any starts: the presets' own cells pass (tests), but a user's
+    override can fail some or all of them, each of which would start, crash and count as failed.
+    Raises ConfigError naming the cell. The warnings composing and checking log were given for
+    the first cell already; the others' repeat them, so they are not logged."""
+    for cell in todo:
+        try:
+            if cell is todo[0]:
+                check_config(copy.deepcopy(first))  # check_config fills in what the run resolves
+                continue
+            logging.disable(logging.WARNING)
+            try:
+                check_config(compose(cell.overrides))
+            finally:
+                logging.disable(logging.NOTSET)
+        except ConfigError as err:
+            raise ConfigError(f"{cell.label}: {err}") from None
 
 
 def planned_threads(cfg: Config, device: Optional[str], parallel: int, overrides: Sequence[str]) -> Optional[int]:
