@@ -60,6 +60,12 @@ def cell_threads(device: str, parallel: int, cores: Optional[int] = None) -> int
     return min(share, int(limit)) if limit.isdigit() and int(limit) > 0 else share
 
 
+def cells_at_once(parallel: int, cells: int) -> int:
+    """How many cells a pool of `parallel` slots runs at once with `cells` to train, the count
+    cell_threads shares the cores among: fewer slots than cells leave none idle."""
+    return max(1, min(parallel, cells))
+
+
 def sets_threads(overrides: Sequence[str]) -> bool:
     """Whether the overrides set trainer.threads themselves (a user's, passed to every cell)."""
     return any(norm_key(o.split("=", 1)[0]) == "trainer.threads" for o in overrides if "=" in o)
@@ -298,7 +304,7 @@ class _Pool:
         self.queue = list(jobs)
         self.parallel = parallel
         # the cells that can run at once: a pool of fewer jobs than slots shares the cores among those
-        self.sharing = max(1, min(parallel, len(self.queue)))
+        self.sharing = cells_at_once(parallel, len(self.queue))
         self.on_cell_done = on_cell_done
         self.running: list[tuple[Job, subprocess.Popen, object]] = []
         self.started: dict[str, float] = {}  # each running cell's start (time.monotonic())

@@ -89,8 +89,7 @@ def run_real(target: Target, request: Request, tier: str = "real",
     if request.overrides and compose is not None and not request.table_only:
         check_cells(todo, first, compose)
     device = cells_device(first) if first is not None else None
-    # a pool shares the cores among min(parallel, cells) cells (pool.run_cells)
-    threads = (planned_threads(first, device, max(1, min(parallel, len(todo))), request.overrides)
+    threads = (planned_threads(first, device, pool.cells_at_once(parallel, len(todo)), request.overrides)
                if first is not None else None)
     estimates = real.estimates(device or ("cuda" if gpu else "cpu"), threads)
     known = [e.seconds for e in estimates if e is not None]
@@ -571,8 +570,8 @@ def run_all_real(request: Request, compose: Optional[Callable[[list[str]], Confi
     print(f"reproduce all (real data): {len(names)} suites, records in {results_root()}")
     for name in names:
         plans[name] = real_suite(TARGETS[name])
-    # one pool for every suite: it shares the cores among min(parallel, cells) cells
-    threads = pool.cell_threads("cpu", max(1, min(parallel, sum(len(r.todo) for r in plans.values()))))
+    # one pool for every suite's cells
+    threads = pool.cell_threads("cpu", pool.cells_at_once(parallel, sum(len(r.todo) for r in plans.values())))
     for name in names:
         real = plans[name]
         todo, work = real.todo, sweep_dir_for(request.out.resolve(), name, "real")
@@ -634,7 +633,7 @@ def real_tier_status(parallel: int, out: Optional[Path] = None,
                 if (share := cell_updates_left(work / cell.name, cell, compose)) < 1.0:
                     started[cell.name] = share
         device = "cuda" if tier == "gpu" else "cpu"
-        threads = pool.cell_threads(device, max(1, min(parallel, len(real.todo)))) if device == "cpu" else None
+        threads = pool.cell_threads(device, pool.cells_at_once(parallel, len(real.todo))) if device == "cpu" else None
         known = [resumed_seconds(e.seconds, started.get(c.name, 1.0))
                  for c, e in zip(real.todo, real.estimates(device, threads)) if e is not None]
         done = [c.record for c in cells if c.record is not None]
